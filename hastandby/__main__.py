@@ -1,0 +1,5 @@
+"""``python -m hastandby`` runs the CLI."""
+
+from .cli import main
+
+main()

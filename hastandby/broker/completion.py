@@ -1,0 +1,36 @@
+"""Holding back a producer's acknowledgement until every guard releases it.
+
+Qpid called this "ingress completion".  The producer link creates one
+``Completion`` per unsettled incoming message; routing holds it while the
+message is enqueued, and any queue observer (an HA guard) may ``hold`` it too.
+The producer gets its ``accepted`` disposition when the last holder releases.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+class Completion:
+    """A countdown that calls ``on_complete(token)`` once, when it reaches zero."""
+
+    __slots__ = ("_pending", "_on_complete", "token")
+
+    def __init__(self, on_complete: Callable[[Any], None], token: Any = None) -> None:
+        self._pending = 1
+        self._on_complete: Callable[[Any], None] | None = on_complete
+        self.token = token
+
+    def hold(self) -> None:
+        if self._on_complete is not None:
+            self._pending += 1
+
+    def release(self) -> None:
+        self._pending -= 1
+        if self._pending == 0 and self._on_complete is not None:
+            callback, self._on_complete = self._on_complete, None
+            callback(self.token)
+
+    @property
+    def done(self) -> bool:
+        return self._on_complete is None

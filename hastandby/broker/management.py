@@ -1,0 +1,220 @@
+"""Management requests: AMQP request/response on the ``$management`` address.
+
+A request is a message whose application properties name the ``operation``
+(CREATE, DELETE, BIND, UNBIND, PURGE, QUERY, STATUS, PING), the ``type``
+(queue, exchange) and the ``name``; its body is a map of attributes.  The reply
+goes to the request's ``reply-to`` with ``statusCode`` (HTTP-like: 200, 201,
+400, 404, ...) and ``statusDescription`` application properties and the
+request's message-id as correlation-id.  This is the shape of the AMQP
+Management draft, which qpid-dispatch and Artemis also speak.
+
+Layers above the core add operations (HA adds PROMOTE, ...) with ``register``
+and may veto changes with ``guards`` (a backup refuses to modify replicated
+objects).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import structlog
+from proton import Condition, Connection, Delivery, Link, Message
+
+from .errors import BrokerError, InvalidArgument, NotFound
+from .registry import Registry
+
+ADDRESS = "$management"
+Operation = Callable[["Request"], tuple[int, Any]]
+Guard = Callable[["Request"], None]
+MUTATING = {"CREATE", "DELETE", "BIND", "UNBIND", "PURGE"}
+
+log = structlog.get_logger("hastandby.management")
+
+
+class Request:
+    """One decoded management request and the connection it came on."""
+
+    def __init__(self, message: Message, connection: Connection) -> None:
+        props = message.properties or {}
+        self.operation = str(props.get("operation", "")).upper()
+        self.type = str(props.get("type", "") or "")
+        self.name = str(props.get("name", "") or "")
+        body = message.body
+        if body is None:
+            body = {}
+        if not isinstance(body, dict):
+            raise InvalidArgument("a management request's body must be a map")
+        self.body: dict[str, Any] = {str(k): v for k, v in body.items()}
+        self.connection = connection
+
+    def arguments(self) -> dict[str, Any]:
+        args = self.body.get("arguments") or {}
+        if not isinstance(args, dict):
+            raise InvalidArgument("'arguments' must be a map")
+        return {str(k): _plain(v) for k, v in args.items()}
+
+
+def _plain(value: Any) -> Any:
+    """Strip proton's typed wrappers (symbol, ulong, ...) so values compare and print plainly."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+class Management:
+    """Dispatches management requests to operations on the registry and beyond."""
+
+    def __init__(self, registry: Registry, status: Callable[[], dict[str, Any]]) -> None:
+        self.registry = registry
+        self.guards: list[Guard] = []
+        self._operations: dict[str, Operation] = {
+            "CREATE": self._create,
+            "DELETE": self._delete,
+            "BIND": self._bind,
+            "UNBIND": self._unbind,
+            "PURGE": self._purge,
+            "QUERY": lambda request: (200, self.query()),
+            "STATUS": lambda request: (200, status()),
+            "PING": lambda request: (200, {}),
+        }
+
+    def register(self, operation: str, handler: Operation) -> None:
+        self._operations[operation.upper()] = handler
+
+    def handle(self, message: Message, connection: Connection) -> Message:
+        """Answer one request; never raises for bad input, the reply says what was wrong."""
+        try:
+            request = Request(message, connection)
+            operation = self._operations.get(request.operation)
+            if operation is None:
+                known = ", ".join(sorted(self._operations))
+                raise InvalidArgument(f"unknown operation {request.operation!r}: expected one of {known}")
+            if request.operation in MUTATING:
+                for guard in self.guards:
+                    guard(request)
+            code, body = operation(request)
+            description = "OK"
+        except BrokerError as error:
+            code, body, description = error.status, None, str(error)
+        except Exception as error:  # a bug must not take the node down with it
+            log.exception("management request failed", operation=str(message.properties))
+            code, body, description = 500, None, f"internal error: {error}"
+        if code >= 400:
+            log.info("management request refused", status=code, reason=description)
+        return Message(
+            address=message.reply_to,
+            correlation_id=message.id if message.id is not None else message.correlation_id,
+            properties={"statusCode": code, "statusDescription": description},
+            body=body,
+        )
+
+    # -- operations ---------------------------------------------------------------
+
+    def _create(self, request: Request) -> tuple[int, Any]:
+        body = request.body
+        if request.type == "queue":
+            queue, created = self.registry.declare_queue(
+                request.name,
+                request.arguments(),
+                exclusive=bool(body.get("exclusive", False)),
+                auto_delete=bool(body.get("auto-delete", False)),
+                alternate_exchange=body.get("alternate-exchange") or None,
+                durable=bool(body.get("durable", False)),
+            )
+            return (201 if created else 200), queue.describe()
+        if request.type == "exchange":
+            exchange, created = self.registry.declare_exchange(
+                request.name,
+                str(body.get("exchange-type", "direct")),
+                request.arguments(),
+                alternate_exchange=body.get("alternate-exchange") or None,
+                durable=bool(body.get("durable", False)),
+            )
+            return (201 if created else 200), exchange.describe()
+        raise InvalidArgument(f"cannot create objects of type {request.type!r}: expected queue or exchange")
+
+    def _delete(self, request: Request) -> tuple[int, Any]:
+        if request.type == "queue":
+            self.registry.delete_queue(request.name)
+        elif request.type == "exchange":
+            self.registry.delete_exchange(request.name)
+        else:
+            raise InvalidArgument(f"cannot delete objects of type {request.type!r}: expected queue or exchange")
+        return 200, {}
+
+    def _binding_fields(self, request: Request) -> tuple[str, str, str]:
+        body = request.body
+        exchange, queue = body.get("exchange"), body.get("queue")
+        if not exchange or not queue:
+            raise InvalidArgument("a binding needs 'exchange' and 'queue'")
+        return str(exchange), str(queue), str(body.get("key") or "")
+
+    def _bind(self, request: Request) -> tuple[int, Any]:
+        exchange, queue, key = self._binding_fields(request)
+        binding, created = self.registry.bind(exchange, queue, key, request.arguments())
+        return (201 if created else 200), binding.describe()
+
+    def _unbind(self, request: Request) -> tuple[int, Any]:
+        self.registry.unbind(*self._binding_fields(request))
+        return 200, {}
+
+    def _purge(self, request: Request) -> tuple[int, Any]:
+        return 200, {"purged": self.registry.queue(request.name).purge()}
+
+    def query(self) -> dict[str, Any]:
+        return self.registry.describe()
+
+
+class ManagementLink:
+    """A client's sender to ``$management``: each message is a request."""
+
+    def __init__(self, link: Link, management: Management, max_message_size: int) -> None:
+        self.link = link
+        self.management = management
+        self.max_message_size = max_message_size
+
+    def start(self) -> None:
+        self.link.flow(20)
+
+    def receive(self, delivery: Delivery) -> None:
+        if delivery.partial or not delivery.readable:
+            return
+        link = self.link
+        data = link.recv(delivery.pending)
+        link.advance()
+        link.flow(1)
+        registry = self.management.registry
+        try:
+            if self.max_message_size and len(data) > self.max_message_size:
+                raise InvalidArgument(f"request larger than the maximum of {self.max_message_size} bytes")
+            request = Message()
+            try:
+                request.decode(data)
+            except Exception as error:
+                raise InvalidArgument(f"undecodable management request: {error}") from None
+            if not request.reply_to:
+                raise InvalidArgument("a management request needs a reply-to address")
+            reply_node = registry.lookup(request.reply_to)
+            if reply_node is None:
+                raise NotFound(f"reply-to address {request.reply_to!r} does not exist")
+            reply = bytes(self.management.handle(request, link.connection).encode())
+            registry.deliver(registry.route(reply_node, reply), reply)
+        except BrokerError as error:
+            delivery.local.condition = Condition(error.condition, str(error))
+            delivery.update(Delivery.REJECTED)
+        else:
+            delivery.update(Delivery.ACCEPTED)
+        delivery.settle()
+
+    def close(self) -> None:
+        pass

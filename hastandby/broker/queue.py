@@ -1,0 +1,399 @@
+"""A queue: messages in replication-id order, acquired by consumers, seen by browsers.
+
+Every message carries a per-queue *replication id* (Qpid QPID-4348): an
+increasing number independent of the message's position, which is what names
+a message across nodes.  The queue keeps its messages sorted by that id in two
+parallel arrays (ids in a compact ``array('q')``, payload bytes in a list), so a
+million queued 100-byte messages cost little more than their bytes, and any id
+is found by bisection.  A removed message leaves a hole (``None``) that is
+compacted away once holes outnumber live messages.
+
+HA plugs in through ``observers`` (enqueued / acquired / released / dequeued)
+and through the ``Completion`` handed to ``enqueue``: an observer may hold a
+producer's acknowledgement back until it releases it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+import uuid as uuidlib
+from array import array
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .completion import Completion
+from .errors import ResourceLimitExceeded
+
+
+class Consumer(Protocol):
+    """What a queue needs of a link that takes (or browses) its messages."""
+
+    credit: int
+    browsing: bool
+    sees_acquired: bool
+
+    def deliver(self, queue: "Queue", msg_id: int, data: bytes, delivery_count: int) -> None:
+        """Send one message; for an acquiring consumer it is now acquired by it."""
+
+
+class QueueObserver(Protocol):
+    """The hooks HA uses to follow a queue (Qpid's QueueObserver)."""
+
+    def enqueued(self, queue: "Queue", msg_id: int, data: bytes, completion: Completion | None) -> None: ...
+
+    def acquired(self, queue: "Queue", msg_id: int) -> None: ...
+
+    def released(self, queue: "Queue", msg_id: int) -> None: ...
+
+    def dequeued(self, queue: "Queue", msg_id: int, reason: str) -> None: ...
+
+
+@dataclass
+class QueueSettings:
+    """A queue's declared properties, validated once at declare time."""
+
+    replicate: str = "none"
+    max_count: int | None = None
+    max_size: int | None = None
+    policy: str = "reject"
+    exclusive: bool = False
+    auto_delete: bool = False
+    auto_delete_timeout: float = 0.0
+    alternate_exchange: str | None = None
+    durable: bool = False
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+class Queue:
+    """Messages of one queue plus who consumes and browses them."""
+
+    def __init__(self, name: str, settings: QueueSettings, object_uuid: str | None = None) -> None:
+        self.name = name
+        self.settings = settings
+        self.uuid = object_uuid or str(uuidlib.uuid4())
+        self.observers: list[QueueObserver] = []
+        self.consumers: list[Consumer] = []
+        self.browsers: list[Consumer] = []
+        self.deleted = False
+        self.ever_consumed = False
+        self.next_id = 1
+        self.depth = 0
+        self.bytes = 0
+        self.stats = {"enqueued": 0, "dequeued": 0, "expired": 0, "ring_dropped": 0, "rejected": 0}
+        self._ids = array("q")
+        self._data: list[bytes | None] = []
+        self._holes = 0
+        self._head = 0  # every index below it is a hole or acquired
+        self._acquired: dict[int, Consumer] = {}
+        self._delivery_counts: dict[int, int] = {}
+        self._expiry_heap: list[tuple[float, int]] = []
+        self._expires: dict[int, float] = {}
+        self._browse_pos: dict[int, tuple[int, int]] = {}  # id(browser) -> (last id, index hint)
+        self._rr = 0
+        self._dispatching = False
+
+    # -- producing -------------------------------------------------------
+
+    def check_capacity(self, size: int) -> None:
+        """Raise ResourceLimitExceeded if a reject-policy limit refuses ``size`` more bytes."""
+        s = self.settings
+        if s.policy != "reject":
+            return
+        if s.max_count is not None and self.depth + 1 > s.max_count:
+            self.stats["rejected"] += 1
+            raise ResourceLimitExceeded(f"queue {self.name!r} is full: max-count {s.max_count} reached")
+        if s.max_size is not None and self.bytes + size > s.max_size:
+            self.stats["rejected"] += 1
+            raise ResourceLimitExceeded(f"queue {self.name!r} is full: max-size {s.max_size} bytes reached")
+
+    def enqueue(
+        self,
+        data: bytes,
+        completion: Completion | None = None,
+        ttl_ms: int | None = None,
+        msg_id: int | None = None,
+    ) -> int:
+        """Append a message and return its replication id.
+
+        ``msg_id`` is given only by a replica, which takes the primary's ids;
+        a message whose id is already present is a duplicate and is dropped.
+        """
+        if msg_id is None:
+            msg_id = self.next_id
+            self.next_id = msg_id + 1
+        elif msg_id >= self.next_id:
+            self.next_id = msg_id + 1
+        if self.settings.policy == "ring":
+            self._make_room(len(data))
+        ids = self._ids
+        if not ids or msg_id > ids[-1]:
+            ids.append(msg_id)
+            self._data.append(data)
+        else:
+            index = bisect_left(ids, msg_id)
+            if index < len(ids) and ids[index] == msg_id:
+                if self._data[index] is not None:
+                    return msg_id
+                self._data[index] = data
+                self._holes -= 1
+            else:
+                ids.insert(index, msg_id)
+                self._data.insert(index, data)
+            if index < self._head:
+                self._head = index
+        self.depth += 1
+        self.bytes += len(data)
+        self.stats["enqueued"] += 1
+        if ttl_ms:
+            deadline = time.monotonic() + ttl_ms / 1000.0
+            self._expires[msg_id] = deadline
+            heapq.heappush(self._expiry_heap, (deadline, msg_id))
+        for observer in self.observers:
+            observer.enqueued(self, msg_id, data, completion)
+        self.dispatch()
+        return msg_id
+
+    def _make_room(self, size: int) -> None:
+        """Ring policy: drop the oldest available messages until ``size`` more fits."""
+        s = self.settings
+        while self.depth and (
+            (s.max_count is not None and self.depth + 1 > s.max_count)
+            or (s.max_size is not None and self.bytes + size > s.max_size)
+        ):
+            index = self._first_available(0)
+            if index is None:
+                return
+            self._remove(index, "ring")
+            self.stats["ring_dropped"] += 1
+
+    # -- consuming ---------------------------------------------------------
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        if consumer.browsing:
+            self.browsers.append(consumer)
+            self._browse_pos[id(consumer)] = (0, 0)
+        else:
+            self.consumers.append(consumer)
+            self.ever_consumed = True
+        self.dispatch()
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        if consumer.browsing:
+            self.browsers.remove(consumer)
+            self._browse_pos.pop(id(consumer), None)
+        else:
+            self.consumers.remove(consumer)
+
+    @property
+    def consumer_count(self) -> int:
+        return len(self.consumers)
+
+    def dispatch(self) -> None:
+        """Give available messages to consumers with credit, and new ones to browsers."""
+        if self._dispatching or self.deleted:
+            return
+        self._dispatching = True
+        try:
+            if self.consumers:
+                self._dispatch_consumers()
+            for browser in self.browsers:
+                if browser.credit > 0:
+                    self._dispatch_browser(browser)
+        finally:
+            self._dispatching = False
+
+    def _dispatch_consumers(self) -> None:
+        consumers = self.consumers
+        while True:
+            count = len(consumers)
+            if not count:
+                return
+            for step in range(count):
+                consumer = consumers[(self._rr + step) % count]
+                if consumer.credit > 0:
+                    self._rr = (self._rr + step + 1) % count
+                    break
+            else:
+                return
+            index = self._first_available(self._head)
+            if index is None:
+                return
+            self._head = index + 1
+            msg_id = self._ids[index]
+            if self._expires and self._expired(msg_id):
+                self._remove(index, "expired")
+                self.stats["expired"] += 1
+                continue
+            self._acquired[msg_id] = consumer
+            for observer in self.observers:
+                observer.acquired(self, msg_id)
+            consumer.deliver(self, msg_id, self._data[index], self._delivery_counts.get(msg_id, 0))
+
+    def _dispatch_browser(self, browser: Consumer) -> None:
+        key = id(browser)
+        last_id, hint = self._browse_pos[key]
+        ids = self._ids
+        data = self._data
+        if not (0 < hint <= len(ids) and ids[hint - 1] == last_id):
+            hint = bisect_right(ids, last_id)
+        index = hint
+        end = len(ids)
+        acquired = self._acquired
+        while index < end and browser.credit > 0:
+            payload = data[index]
+            msg_id = ids[index]
+            index += 1
+            if payload is None or (not browser.sees_acquired and msg_id in acquired):
+                continue
+            last_id = msg_id
+            browser.deliver(self, msg_id, payload, self._delivery_counts.get(msg_id, 0))
+            if self._ids is not ids:  # compacted while delivering
+                break
+        if self._ids is ids:
+            self._browse_pos[key] = (last_id, index)
+        else:
+            self._browse_pos[key] = (last_id, 0)
+
+    def browse_from(self, browser: Consumer, after_id: int) -> None:
+        """Restart a browser after ``after_id`` (0: from the front)."""
+        self._browse_pos[id(browser)] = (after_id, 0)
+
+    def _first_available(self, start: int) -> int | None:
+        data = self._data
+        ids = self._ids
+        acquired = self._acquired
+        end = len(data)
+        index = start
+        while index < end:
+            if data[index] is not None and (not acquired or ids[index] not in acquired):
+                return index
+            index += 1
+        return None
+
+    # -- settling ------------------------------------------------------------
+
+    def acknowledge(self, msg_id: int) -> None:
+        """The consumer accepted an acquired message: it leaves the queue."""
+        self._acquired.pop(msg_id, None)
+        self.dequeue(msg_id, "consumed")
+
+    def release(self, msg_id: int, delivery_failed: bool) -> None:
+        """Put an acquired message back at its place; count a failed delivery."""
+        if self._acquired.pop(msg_id, None) is None:
+            return
+        if delivery_failed:
+            self._delivery_counts[msg_id] = self._delivery_counts.get(msg_id, 0) + 1
+        index = self._index(msg_id)
+        if index is None:
+            return
+        if index < self._head:
+            self._head = index
+        for observer in self.observers:
+            observer.released(self, msg_id)
+        self.dispatch()
+
+    def dequeue(self, msg_id: int, reason: str) -> bytes | None:
+        """Remove a message by id (ack, expiry, replication); returns its bytes."""
+        index = self._index(msg_id)
+        if index is None:
+            return None
+        return self._remove(index, reason)
+
+    def get(self, msg_id: int) -> bytes | None:
+        index = self._index(msg_id)
+        return None if index is None else self._data[index]
+
+    def _index(self, msg_id: int) -> int | None:
+        ids = self._ids
+        index = bisect_left(ids, msg_id)
+        if index < len(ids) and ids[index] == msg_id and self._data[index] is not None:
+            return index
+        return None
+
+    def _remove(self, index: int, reason: str) -> bytes:
+        msg_id = self._ids[index]
+        payload = self._data[index]
+        assert payload is not None
+        self._data[index] = None
+        self._holes += 1
+        self.depth -= 1
+        self.bytes -= len(payload)
+        self.stats["dequeued"] += 1
+        self._acquired.pop(msg_id, None)
+        if self._delivery_counts:
+            self._delivery_counts.pop(msg_id, None)
+        if self._expires:
+            self._expires.pop(msg_id, None)
+        for observer in self.observers:
+            observer.dequeued(self, msg_id, reason)
+        if self._holes > 1024 and self._holes > self.depth:
+            self._compact()
+        return payload
+
+    def _compact(self) -> None:
+        head_id = self._ids[self._head] if self._head < len(self._ids) else None
+        keep = [i for i, payload in enumerate(self._data) if payload is not None]
+        self._ids = array("q", (self._ids[i] for i in keep))
+        self._data = [self._data[i] for i in keep]
+        self._holes = 0
+        self._head = len(self._ids) if head_id is None else bisect_left(self._ids, head_id)
+
+    # -- expiry and housekeeping ----------------------------------------------
+
+    def _expired(self, msg_id: int, now: float | None = None) -> bool:
+        deadline = self._expires.get(msg_id)
+        return deadline is not None and deadline <= (now if now is not None else time.monotonic())
+
+    def expire(self, now: float | None = None) -> int:
+        """Remove messages whose TTL has passed (acquired ones wait for release)."""
+        now = time.monotonic() if now is None else now
+        heap = self._expiry_heap
+        removed = 0
+        while heap and heap[0][0] <= now:
+            _, msg_id = heapq.heappop(heap)
+            if msg_id in self._acquired or msg_id not in self._expires:
+                continue
+            if self.dequeue(msg_id, "expired") is not None:
+                self.stats["expired"] += 1
+                removed += 1
+        return removed
+
+    def purge(self) -> int:
+        """Remove every available (not acquired) message."""
+        available = [i for i, p in zip(self._ids, self._data) if p is not None and i not in self._acquired]
+        for msg_id in available:
+            self.dequeue(msg_id, "purged")
+        return len(available)
+
+    def ids(self) -> list[int]:
+        """Replication ids of the messages on the queue, in order."""
+        return [i for i, p in zip(self._ids, self._data) if p is not None]
+
+    def messages(self) -> list[tuple[int, bytes]]:
+        return [(i, p) for i, p in zip(self._ids, self._data) if p is not None]
+
+    @property
+    def acquired_count(self) -> int:
+        return len(self._acquired)
+
+    def describe(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "name": self.name,
+            "uuid": self.uuid,
+            "depth": self.depth,
+            "bytes": self.bytes,
+            "acquired": len(self._acquired),
+            "consumers": len(self.consumers),
+            "browsers": len(self.browsers),
+            "replicate": s.replicate,
+            "durable": s.durable,
+            "exclusive": s.exclusive,
+            "auto_delete": s.auto_delete,
+            "alternate_exchange": s.alternate_exchange,
+            "arguments": dict(s.arguments),
+            "stats": dict(self.stats),
+            "next_id": self.next_id,
+        }

@@ -1,0 +1,346 @@
+"""The broker's objects: queues, exchanges and bindings, and how a message is routed.
+
+Declaring validates arguments once (a bad ``qpid.replicate`` or limit is refused
+with a clear error before anything changes).  Observers hear of every create,
+delete, bind and unbind: HA's wiring replication and the durable-wiring store
+both plug in here (Qpid's BrokerObserver).
+"""
+
+from __future__ import annotations
+
+import uuid as uuidlib
+from typing import Any, Callable, Iterable, Protocol, Union
+
+from . import sections
+from .completion import Completion
+from .errors import AlreadyExists, InvalidArgument, NotAllowed, NotFound, ResourceLimitExceeded
+from .exchange import EXCHANGE_TYPES, Binding, Exchange
+from .queue import Queue, QueueSettings
+
+LEVELS = ("none", "configuration", "all")
+REPLICATE = "qpid.replicate"
+BUILTIN_EXCHANGES = {"amq.direct": "direct", "amq.fanout": "fanout", "amq.topic": "topic"}
+TEMP_PREFIX = "temp."
+
+Node = Union[Queue, Exchange]
+Scheduler = Callable[[float, Callable[[], None]], Any]
+
+
+class RegistryObserver(Protocol):
+    """Hooks on the object registry (Qpid's BrokerObserver)."""
+
+    def created(self, obj: Node) -> None: ...
+
+    def deleted(self, obj: Node) -> None: ...
+
+    def bound(self, binding: Binding) -> None: ...
+
+    def unbound(self, binding: Binding) -> None: ...
+
+
+def replication_level(arguments: dict[str, Any], default: str) -> str:
+    """The ``qpid.replicate`` level of an object, refusing anything but the three levels."""
+    level = arguments.get(REPLICATE, default)
+    if not isinstance(level, str) or level not in LEVELS:
+        raise InvalidArgument(f"invalid {REPLICATE} value {level!r}: must be one of {', '.join(LEVELS)}")
+    return level
+
+
+def _number(arguments: dict[str, Any], key: str, kind: type) -> Any:
+    value = arguments.get(key)
+    if value is None:
+        return None
+    try:
+        number = kind(value)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"{key} must be a number, got {value!r}") from None
+    if number < 0:
+        raise InvalidArgument(f"{key} must not be negative, got {value!r}")
+    return number
+
+
+def queue_settings(
+    arguments: dict[str, Any] | None,
+    *,
+    default_replicate: str,
+    exclusive: bool = False,
+    auto_delete: bool = False,
+    alternate_exchange: str | None = None,
+    durable: bool = False,
+) -> QueueSettings:
+    """Validate a queue declaration's arguments into its settings."""
+    args = {str(k): v for k, v in (arguments or {}).items()}
+    policy = args.get("qpid.policy_type", "reject")
+    if policy not in ("reject", "ring"):
+        raise InvalidArgument(f"qpid.policy_type must be reject or ring, got {policy!r}")
+    settings = QueueSettings(
+        replicate=replication_level(args, default_replicate),
+        max_count=_number(args, "qpid.max_count", int),
+        max_size=_number(args, "qpid.max_size", int),
+        policy=policy,
+        exclusive=bool(exclusive or args.get("exclusive", False)),
+        auto_delete=bool(auto_delete or args.get("auto-delete", False)),
+        auto_delete_timeout=_number(args, "qpid.auto_delete_timeout", float) or 0.0,
+        alternate_exchange=alternate_exchange or args.get("alternate-exchange"),
+        durable=durable,
+    )
+    args[REPLICATE] = settings.replicate  # the effective level travels with the object
+    settings.arguments = args
+    return settings
+
+
+class Registry:
+    """All queues and exchanges of one node, and the routing between them."""
+
+    def __init__(
+        self,
+        default_replicate: str = "none",
+        auto_create: bool = True,
+        scheduler: Scheduler | None = None,
+    ) -> None:
+        if default_replicate not in LEVELS:
+            raise InvalidArgument(f"invalid replication default {default_replicate!r}")
+        self.default_replicate = default_replicate
+        self.auto_create = auto_create
+        self.queues: dict[str, Queue] = {}
+        self.exchanges: dict[str, Exchange] = {}
+        self.observers: list[RegistryObserver] = []
+        self._schedule = scheduler
+        for name, kind in BUILTIN_EXCHANGES.items():
+            self.exchanges[name] = Exchange(name, kind, builtin=True)
+
+    # -- lookup ------------------------------------------------------------
+
+    def lookup(self, address: str) -> Node | None:
+        return self.queues.get(address) or self.exchanges.get(address)
+
+    def queue(self, name: str) -> Queue:
+        queue = self.queues.get(name)
+        if queue is None:
+            raise NotFound(f"no such queue: {name!r}")
+        return queue
+
+    def exchange(self, name: str) -> Exchange:
+        exchange = self.exchanges.get(name)
+        if exchange is None:
+            raise NotFound(f"no such exchange: {name!r}")
+        return exchange
+
+    def resolve(self, address: str) -> Node:
+        """The node an attach names, creating a queue for an unknown address if allowed."""
+        node = self.lookup(address)
+        if node is not None:
+            return node
+        if not self.auto_create:
+            raise NotFound(f"no such queue or exchange: {address!r} (auto-create is off)")
+        queue, _ = self.declare_queue(address)
+        return queue
+
+    # -- queues --------------------------------------------------------------
+
+    def declare_queue(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        exclusive: bool = False,
+        auto_delete: bool = False,
+        alternate_exchange: str | None = None,
+        durable: bool = False,
+        object_uuid: str | None = None,
+        settings: QueueSettings | None = None,
+    ) -> tuple[Queue, bool]:
+        """Create a queue if absent; returns (queue, created)."""
+        if not name:
+            raise InvalidArgument("a queue needs a name")
+        if name in self.exchanges:
+            raise AlreadyExists(f"{name!r} is an exchange")
+        if settings is None:
+            settings = queue_settings(
+                arguments,
+                default_replicate=self.default_replicate,
+                exclusive=exclusive,
+                auto_delete=auto_delete,
+                alternate_exchange=alternate_exchange,
+                durable=durable,
+            )
+        existing = self.queues.get(name)
+        if existing is not None:
+            return existing, False
+        if settings.alternate_exchange and settings.alternate_exchange not in self.exchanges:
+            raise NotFound(f"alternate exchange {settings.alternate_exchange!r} does not exist")
+        queue = Queue(name, settings, object_uuid)
+        self.queues[name] = queue
+        for observer in self.observers:
+            observer.created(queue)
+        return queue, True
+
+    def temporary_queue(self) -> Queue:
+        """A private queue for a dynamic receiver: exclusive, auto-delete, never replicated."""
+        settings = queue_settings({REPLICATE: "none"}, default_replicate="none", exclusive=True, auto_delete=True)
+        queue, _ = self.declare_queue(TEMP_PREFIX + str(uuidlib.uuid4()), settings=settings)
+        return queue
+
+    def delete_queue(self, name: str) -> None:
+        """Delete a queue; its messages go to its alternate exchange if it has one."""
+        queue = self.queue(name)
+        self._remove_queue(queue, reroute=True)
+
+    def _remove_queue(self, queue: Queue, reroute: bool) -> None:
+        if self.queues.get(queue.name) is not queue:
+            return
+        for exchange in self.exchanges.values():
+            for binding in [b for b in exchange.bindings if b.queue is queue]:
+                self._unbind(binding)
+        alternate = queue.settings.alternate_exchange
+        leftovers = [data for _, data in queue.messages()]
+        queue.purge()
+        del self.queues[queue.name]
+        queue.deleted = True
+        if reroute and alternate and alternate in self.exchanges:
+            for data in leftovers:
+                self.deliver(self._route_exchange(self.exchanges[alternate], data), data)
+        for observer in self.observers:
+            observer.deleted(queue)
+
+    def consumers_changed(self, queue: Queue) -> None:
+        """Delete an auto-delete queue once its last consumer is gone (after its timeout)."""
+        settings = queue.settings
+        if not settings.auto_delete or queue.consumers or queue.deleted or not queue.ever_consumed:
+            return
+        if settings.auto_delete_timeout > 0 and self._schedule is not None:
+            self._schedule(settings.auto_delete_timeout, lambda: self._auto_delete(queue))
+        else:
+            self._auto_delete(queue)
+
+    def _auto_delete(self, queue: Queue) -> None:
+        if not queue.consumers and not queue.deleted:
+            self._remove_queue(queue, reroute=True)
+
+    # -- exchanges -------------------------------------------------------------
+
+    def declare_exchange(
+        self,
+        name: str,
+        type: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        alternate_exchange: str | None = None,
+        durable: bool = False,
+        object_uuid: str | None = None,
+    ) -> tuple[Exchange, bool]:
+        if not name:
+            raise InvalidArgument("an exchange needs a name")
+        if type not in EXCHANGE_TYPES:
+            raise InvalidArgument(f"unknown exchange type {type!r}: must be one of {', '.join(EXCHANGE_TYPES)}")
+        if name in self.queues:
+            raise AlreadyExists(f"{name!r} is a queue")
+        args = {str(k): v for k, v in (arguments or {}).items()}
+        level = replication_level(args, self.default_replicate)
+        args[REPLICATE] = level
+        existing = self.exchanges.get(name)
+        if existing is not None:
+            if existing.type != type:
+                raise AlreadyExists(f"exchange {name!r} exists with type {existing.type}")
+            return existing, False
+        alternate = alternate_exchange or args.get("alternate-exchange")
+        if alternate and alternate not in self.exchanges:
+            raise NotFound(f"alternate exchange {alternate!r} does not exist")
+        exchange = Exchange(name, type, args, level, alternate, durable, object_uuid=object_uuid)
+        self.exchanges[name] = exchange
+        for observer in self.observers:
+            observer.created(exchange)
+        return exchange, True
+
+    def delete_exchange(self, name: str) -> None:
+        exchange = self.exchange(name)
+        if exchange.builtin:
+            raise NotAllowed(f"exchange {name!r} is built in and cannot be deleted")
+        users = [q.name for q in self.queues.values() if q.settings.alternate_exchange == name]
+        users += [e.name for e in self.exchanges.values() if e.alternate_exchange == name]
+        if users:
+            raise NotAllowed(f"exchange {name!r} is the alternate exchange of {', '.join(sorted(users))}")
+        for binding in list(exchange.bindings):
+            self._unbind(binding)
+        del self.exchanges[name]
+        for observer in self.observers:
+            observer.deleted(exchange)
+
+    # -- bindings ----------------------------------------------------------------
+
+    def bind(self, exchange_name: str, queue_name: str, key: str = "", arguments: dict[str, Any] | None = None) -> tuple[Binding, bool]:
+        exchange = self.exchange(exchange_name)
+        queue = self.queue(queue_name)
+        args = {str(k): v for k, v in (arguments or {}).items()}
+        if REPLICATE in args:
+            replication_level(args, "none")
+        existing = exchange.find(queue_name, key)
+        if existing is not None:
+            return existing, False
+        binding = Binding(exchange, queue, key, args)
+        exchange.add(binding)
+        for observer in self.observers:
+            observer.bound(binding)
+        return binding, True
+
+    def unbind(self, exchange_name: str, queue_name: str, key: str = "") -> None:
+        exchange = self.exchange(exchange_name)
+        binding = exchange.find(queue_name, key)
+        if binding is None:
+            raise NotFound(f"no binding of {queue_name!r} to {exchange_name!r} with key {key!r}")
+        self._unbind(binding)
+
+    def _unbind(self, binding: Binding) -> None:
+        binding.exchange.remove(binding)
+        for observer in self.observers:
+            observer.unbound(binding)
+
+    def bindings(self) -> Iterable[Binding]:
+        for exchange in self.exchanges.values():
+            yield from exchange.bindings
+
+    # -- routing -------------------------------------------------------------------
+
+    def route(self, node: Node, data: bytes) -> list[Queue]:
+        """The queues a message sent to ``node`` lands on."""
+        if isinstance(node, Queue):
+            return [node]
+        return self._route_exchange(node, data)
+
+    def _route_exchange(self, exchange: Exchange, data: bytes, depth: int = 0) -> list[Queue]:
+        subject = None if exchange.type == "fanout" else sections.subject(data)
+        queues = exchange.match(subject)
+        if queues:
+            exchange.routed += 1
+            return queues
+        alternate = self.exchanges.get(exchange.alternate_exchange or "")
+        if alternate is not None and depth < 4:
+            return self._route_exchange(alternate, data, depth + 1)
+        exchange.dropped += 1
+        return []
+
+    def deliver(self, queues: list[Queue], data: bytes, completion: Completion | None = None) -> None:
+        """Enqueue on every target queue, or on none if a reject-policy limit refuses."""
+        for queue in queues:
+            queue.check_capacity(len(data))
+        ttl = sections.header_ttl(data)
+        for queue in queues:
+            queue.enqueue(data, completion, ttl)
+
+    def reject_to_alternate(self, queue: Queue, msg_id: int) -> None:
+        """A consumer rejected a message: route it to the queue's alternate exchange, then drop it."""
+        data = queue.get(msg_id)
+        alternate = self.exchanges.get(queue.settings.alternate_exchange or "")
+        queue.acknowledge(msg_id)
+        if data is not None and alternate is not None:
+            try:
+                self.deliver(self._route_exchange(alternate, data), data)
+            except ResourceLimitExceeded:
+                alternate.dropped += 1
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "queues": [q.describe() for q in self.queues.values()],
+            "exchanges": [e.describe() for e in self.exchanges.values()],
+            "bindings": [b.describe() for b in self.bindings()],
+        }

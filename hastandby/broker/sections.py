@@ -1,0 +1,110 @@
+"""Read and patch the few fields of an encoded AMQP 1.0 message the broker needs.
+
+The broker keeps every message as the exact bytes its producer sent (decoding
+and re-encoding each one with ``proton.Message`` costs about 3x throughput).
+Routing needs at most the header's TTL, the properties' ``subject`` and ``to``;
+redelivery needs to rewrite the header's ``delivery-count``.  These functions
+decode only those sections, with proton's C codec, and only when asked.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from proton import Data, Described, uint, ulong
+
+HEADER = 0x70
+DELIVERY_ANNOTATIONS = 0x71
+MESSAGE_ANNOTATIONS = 0x72
+PROPERTIES = 0x73
+APPLICATION_PROPERTIES = 0x74
+
+# A section starts with the descriptor 0x00 0x53 <code> (smallulong form),
+# which is how every proton encoder writes it.
+_HEADER_PREFIX = b"\x00\x53\x70"
+_EMPTY_LIST = 0x45
+
+_HEADER_FIELDS = 5  # durable, priority, ttl, first-acquirer, delivery-count
+
+
+class MalformedMessage(ValueError):
+    """The bytes of a transfer are not a sequence of AMQP message sections."""
+
+
+def _sections(buf: bytes) -> Iterator[tuple[int, Data]]:
+    """Yield (section code, decoded section) until the bare message body."""
+    view = memoryview(buf)
+    pos = 0
+    while pos < len(buf):
+        data = Data()
+        try:
+            used = data.decode(bytes(view[pos:]))
+        except Exception as exc:  # proton raises DataException subclasses
+            raise MalformedMessage(f"undecodable section at byte {pos}: {exc}") from exc
+        if used <= 0:
+            raise MalformedMessage(f"undecodable section at byte {pos}")
+        data.rewind()
+        data.next()
+        value = data.get_object()
+        if not isinstance(value, Described):
+            raise MalformedMessage(f"section at byte {pos} has no descriptor")
+        yield int(value.descriptor), data
+        pos += used
+
+
+def _section_value(buf: bytes, code: int) -> list | None:
+    for found, data in _sections(buf):
+        if found == code:
+            value = data.get_object().value
+            return value if isinstance(value, list) else None
+        if found > code:
+            return None
+    return None
+
+
+def header_ttl(buf: bytes) -> int | None:
+    """The header's ``ttl`` in milliseconds, or None; cheap when there is no header."""
+    if not buf.startswith(_HEADER_PREFIX) or buf[3] == _EMPTY_LIST:
+        return None
+    fields = _section_value(buf, HEADER) or []
+    ttl = fields[2] if len(fields) > 2 else None
+    return int(ttl) if ttl else None
+
+
+def properties(buf: bytes) -> list:
+    """The properties section's fields (message-id, user-id, to, subject, ...)."""
+    return _section_value(buf, PROPERTIES) or []
+
+
+def subject(buf: bytes) -> str | None:
+    """The message subject, which exchanges route on."""
+    fields = properties(buf)
+    return str(fields[3]) if len(fields) > 3 and fields[3] is not None else None
+
+
+def to_address(buf: bytes) -> str | None:
+    """The properties' ``to``, which the anonymous relay routes on."""
+    fields = properties(buf)
+    return str(fields[2]) if len(fields) > 2 and fields[2] is not None else None
+
+
+def with_delivery_count(buf: bytes, count: int) -> bytes:
+    """Return the message with its header's delivery-count set to ``count``.
+
+    Only redelivered messages pay for this; the rest of the bytes are kept
+    as they are.
+    """
+    fields: list = [None] * _HEADER_FIELDS
+    rest = buf
+    if buf.startswith(_HEADER_PREFIX):
+        data = Data()
+        used = data.decode(bytes(buf))
+        data.rewind()
+        data.next()
+        old = data.get_object().value
+        fields[: len(old)] = old
+        rest = buf[used:]
+    fields[4] = uint(count)
+    out = Data()
+    out.put_object(Described(ulong(HEADER), fields))
+    return out.encode() + bytes(rest)

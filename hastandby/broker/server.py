@@ -1,0 +1,279 @@
+"""The proton event handler: connections, sessions and links onto the registry.
+
+One handler for the whole node, one short method per proton event.  Every
+event is processed under a guard: an error in one link or connection is
+logged and closes that link or connection with an AMQP error, and the node
+keeps serving everyone else.
+
+Hooks for the layers above (the core knows nothing of HA):
+
+- ``admission(connection) -> Condition | None``: refuse a connection at open
+  (a backup refuses clients).
+- ``attach_hooks``: each may claim an incoming attach before the default
+  handling (HA's replicating subscriptions).
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid as uuidlib
+from typing import Any, Callable
+
+import structlog
+from proton import Condition, Connection, Described, Endpoint, Event, Link, Terminus
+from proton import Handler
+
+from .errors import BrokerError, InvalidArgument, ResourceLocked
+from .exchange import Exchange
+from .links import IncomingLink, OutgoingLink
+from .management import ADDRESS as MANAGEMENT_ADDRESS
+from .management import Management, ManagementLink
+from .queue import Queue
+from .registry import REPLICATE, Registry, queue_settings
+
+Admission = Callable[[Connection], "Condition | None"]
+AttachHook = Callable[[Link], Any]
+CALL_EVENT = "hs_call"  # an injected event carrying a callable to run on the reactor thread
+
+log = structlog.get_logger("hastandby.server")
+
+
+def guarded(method: Callable[[Any, Event], None]) -> Callable[[Any, Event], None]:
+    """Contain an unexpected error to the link or connection the event belongs to."""
+
+    @functools.wraps(method)
+    def wrapper(self: "BrokerHandler", event: Event) -> None:
+        try:
+            method(self, event)
+        except Exception as error:  # never let one peer take the node down
+            self.contain(event, error)
+
+    return wrapper
+
+
+def _binding_key(source: Terminus) -> str | None:
+    """The subject filter a receiver on an exchange asked for, if any."""
+    filters = source.filter.get_object() if source.filter else None
+    if not isinstance(filters, dict):
+        return None
+    for value in filters.values():
+        if isinstance(value, Described):
+            value = value.value
+        if isinstance(value, str):
+            return str(value)
+    return None
+
+
+class BrokerHandler(Handler):
+    """Maps proton events onto the registry's queues and exchanges."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        management: Management,
+        max_message_size: int = 0,
+        idle_timeout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.registry = registry
+        self.management = management
+        self.max_message_size = max_message_size
+        self.idle_timeout = idle_timeout
+        self.admission: Admission = lambda connection: None
+        self.attach_hooks: list[AttachHook] = []
+        self.connections: set[Connection] = set()
+
+    # -- containment ------------------------------------------------------------
+
+    def contain(self, event: Event, error: Exception) -> None:
+        condition = Condition("amqp:internal-error", f"{type(error).__name__}: {error}")
+        link = event.link
+        if link is not None:
+            log.exception("link error, closing the link", link=link.name)
+            self._drop_link(link)
+            if link.state & Endpoint.LOCAL_ACTIVE:
+                link.condition = condition
+                link.close()
+            return
+        connection = event.connection
+        log.exception("connection error, closing the connection")
+        if connection is not None and connection.state & Endpoint.LOCAL_ACTIVE:
+            connection.condition = condition
+            connection.close()
+
+    @guarded
+    def on_hs_call(self, event: Event) -> None:
+        event.context.subject()
+
+    # -- connections -----------------------------------------------------------
+
+    @guarded
+    def on_connection_bound(self, event: Event) -> None:
+        if self.idle_timeout and event.transport is not None:
+            event.transport.idle_timeout = self.idle_timeout
+
+    @guarded
+    def on_connection_remote_open(self, event: Event) -> None:
+        connection = event.connection
+        refusal = self.admission(connection)
+        connection.open()
+        if refusal is not None:
+            log.info("connection refused", container=connection.remote_container, reason=refusal.description)
+            connection.condition = refusal
+            connection.close()
+            return
+        self.connections.add(connection)
+
+    @guarded
+    def on_connection_remote_close(self, event: Event) -> None:
+        connection = event.connection
+        self._drop_connection(connection)
+        if connection.state & Endpoint.LOCAL_ACTIVE:
+            connection.close()
+
+    @guarded
+    def on_transport_closed(self, event: Event) -> None:
+        if event.connection is not None:
+            self._drop_connection(event.connection)
+
+    def on_transport_error(self, event: Event) -> None:
+        condition = event.transport.condition if event.transport else None
+        if condition is not None:
+            log.info("transport error", error=condition.name, description=condition.description)
+
+    def _drop_connection(self, connection: Connection) -> None:
+        self.connections.discard(connection)
+        link = connection.link_head(0)
+        while link is not None:
+            self._drop_link(link)
+            link = link.next(0)
+
+    def close_all(self, condition: Condition | None = None) -> None:
+        """Close every client connection (shutdown, demotion)."""
+        for connection in list(self.connections):
+            self._drop_connection(connection)
+            if connection.state & Endpoint.LOCAL_ACTIVE:
+                if condition is not None:
+                    connection.condition = condition
+                connection.close()
+
+    # -- sessions --------------------------------------------------------------
+
+    @guarded
+    def on_session_remote_open(self, event: Event) -> None:
+        event.session.open()
+
+    @guarded
+    def on_session_remote_close(self, event: Event) -> None:
+        session = event.session
+        link = session.connection.link_head(0)
+        while link is not None:
+            if link.session == session:
+                self._drop_link(link)
+            link = link.next(0)
+        if session.state & Endpoint.LOCAL_ACTIVE:
+            session.close()
+
+    # -- links -------------------------------------------------------------------
+
+    @guarded
+    def on_link_remote_open(self, event: Event) -> None:
+        link = event.link
+        try:
+            endpoint = self._attach(link)
+        except BrokerError as error:
+            self._refuse(link, error)
+            return
+        if link.is_sender:
+            link.source.copy(link.remote_source)
+            if link.remote_source.dynamic:
+                link.source.address = endpoint.queue.name
+        else:
+            link.target.copy(link.remote_target)
+        link.hs_endpoint = endpoint
+        link.open()
+        endpoint.start()
+
+    @guarded
+    def on_link_remote_close(self, event: Event) -> None:
+        link = event.link
+        self._drop_link(link)
+        if link.state & Endpoint.LOCAL_ACTIVE:
+            link.close()
+
+    @guarded
+    def on_link_flow(self, event: Event) -> None:
+        link = event.link
+        if link.is_sender:
+            endpoint = getattr(link, "hs_endpoint", None)
+            if endpoint is not None:
+                endpoint.flow()
+
+    @guarded
+    def on_delivery(self, event: Event) -> None:
+        link = event.link
+        endpoint = getattr(link, "hs_endpoint", None)
+        if endpoint is None:
+            return
+        if link.is_sender:
+            endpoint.disposition(event.delivery)
+        else:
+            endpoint.receive(event.delivery)
+
+    def _drop_link(self, link: Link) -> None:
+        endpoint = getattr(link, "hs_endpoint", None)
+        if endpoint is not None:
+            del link.hs_endpoint
+            endpoint.close()
+
+    def _refuse(self, link: Link, error: BrokerError) -> None:
+        log.info("link refused", link=link.name, error=error.condition, reason=str(error))
+        link.open()
+        link.condition = Condition(error.condition, str(error))
+        link.close()
+
+    def _attach(self, link: Link) -> Any:
+        for hook in self.attach_hooks:
+            endpoint = hook(link)
+            if endpoint is not None:
+                return endpoint
+        if link.is_sender:
+            return self._attach_outgoing(link)
+        return self._attach_incoming(link)
+
+    def _attach_incoming(self, link: Link) -> Any:
+        address = link.remote_target.address
+        if self.max_message_size:
+            link.max_message_size = self.max_message_size
+        if address == MANAGEMENT_ADDRESS:
+            return ManagementLink(link, self.management, self.max_message_size)
+        node = self.registry.resolve(address) if address else None
+        return IncomingLink(link, node, self.registry, self.max_message_size)
+
+    def _attach_outgoing(self, link: Link) -> OutgoingLink:
+        source = link.remote_source
+        if source.dynamic:
+            return OutgoingLink(link, self.registry.temporary_queue(), self.registry, browsing=False)
+        address = source.address
+        if not address:
+            raise InvalidArgument("a receiver needs a source address (or a dynamic source)")
+        node = self.registry.resolve(address)
+        browsing = source.distribution_mode == Terminus.DIST_MODE_COPY
+        if isinstance(node, Exchange):
+            node = self._subscribe(node, link)
+            browsing = False
+        elif node.settings.exclusive and not browsing and node.consumers:
+            raise ResourceLocked(f"queue {node.name!r} is exclusive and already has a consumer")
+        return OutgoingLink(link, node, self.registry, browsing)
+
+    def _subscribe(self, exchange: Exchange, link: Link) -> Queue:
+        """A receiver on an exchange gets a private auto-delete queue bound with its filter."""
+        key = _binding_key(link.remote_source)
+        if key is None:
+            key = "#" if exchange.type == "topic" else ""
+        name = f"{exchange.name}.{link.name}.{uuidlib.uuid4().hex[:8]}"
+        settings = queue_settings({REPLICATE: "none"}, default_replicate="none", exclusive=True, auto_delete=True)
+        queue, _ = self.registry.declare_queue(name, settings=settings)
+        self.registry.bind(exchange.name, queue.name, key)
+        return queue
+

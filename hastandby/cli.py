@@ -1,0 +1,246 @@
+"""The ``hastandby`` command: run a node, and manage nodes over AMQP.
+
+Thin by design: parse, call, print.  Every failure is one clear line on
+stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .broker.registry import LEVELS
+from .client import ManagementClient, ManagementError
+
+BROKER_HELP = "node to talk to, HOST:PORT"
+DEFAULT_BROKER = "127.0.0.1:5672"
+
+
+def _broker_option(fn: Any) -> Any:
+    return click.option("-b", "--broker", default=DEFAULT_BROKER, show_default=True, help=BROKER_HELP)(fn)
+
+
+def _request(broker: str, operation: str, type: str = "", name: str = "", body: dict[str, Any] | None = None) -> Any:
+    try:
+        with ManagementClient(broker) as client:
+            return client.request(operation, type, name, body)
+    except ManagementError as error:
+        raise click.ClickException(str(error)) from None
+
+
+@click.group()
+@click.version_option(package_name="hastandby")
+def main() -> None:
+    """hastandby: a hot-standby AMQP 1.0 broker cluster."""
+
+
+# -- serve -----------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--listen", default=DEFAULT_BROKER, show_default=True, help="address to accept AMQP connections on")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), help="node id and durable wiring")
+@click.option("--log-format", type=click.Choice(["console", "json"]), default="console", show_default=True)
+@click.option("--log-level", default="info", show_default=True)
+@click.option("--replicate", type=click.Choice(LEVELS), default="none", show_default=True,
+              help="default qpid.replicate level of new queues and exchanges")
+@click.option("--max-message-size", type=click.IntRange(min=0), default=64 * 1024 * 1024, show_default=True,
+              help="largest message accepted, in bytes (0: no limit)")
+@click.option("--no-auto-create", is_flag=True, help="refuse links to unknown addresses instead of creating queues")
+@click.option("--heartbeat", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="idle timeout advertised to peers, seconds (0: off)")
+def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, replicate: str,
+          max_message_size: int, no_auto_create: bool, heartbeat: float) -> None:
+    """Run a node until SIGINT/SIGTERM."""
+    from . import logs
+    from .node import Node, NodeConfig
+
+    logs.configure(log_format, log_level)
+    config = NodeConfig(
+        listen=listen,
+        data_dir=data_dir,
+        replicate=replicate,
+        max_message_size=max_message_size,
+        auto_create=not no_auto_create,
+        heartbeat=heartbeat,
+    )
+    try:
+        node = Node(config)
+        node.run()
+    except OSError as error:
+        raise click.ClickException(f"cannot serve on {listen}: {error}") from None
+
+
+# -- add / del ---------------------------------------------------------------------
+
+
+@main.group()
+def add() -> None:
+    """Create a queue or an exchange."""
+
+
+@add.command("queue")
+@click.argument("name")
+@_broker_option
+@click.option("--replicate", type=click.Choice(LEVELS), help="qpid.replicate level (default: the node's)")
+@click.option("--max-count", type=click.IntRange(min=0), help="most messages the queue holds")
+@click.option("--max-size", type=click.IntRange(min=0), help="most bytes the queue holds")
+@click.option("--policy", type=click.Choice(["reject", "ring"]), help="what happens at the limit")
+@click.option("--exclusive", is_flag=True, help="one consumer at a time")
+@click.option("--auto-delete", is_flag=True, help="delete when the last consumer leaves")
+@click.option("--auto-delete-timeout", type=click.FloatRange(min=0), help="seconds to wait before auto-deleting")
+@click.option("--alternate-exchange", help="where rejected and unroutable messages go")
+@click.option("--durable", is_flag=True, help="keep the queue's definition across restarts")
+@click.option("--argument", "extra", multiple=True, metavar="KEY=VALUE", help="any other queue argument")
+def add_queue(name: str, broker: str, replicate: str | None, max_count: int | None, max_size: int | None,
+              policy: str | None, exclusive: bool, auto_delete: bool, auto_delete_timeout: float | None,
+              alternate_exchange: str | None, durable: bool, extra: tuple[str, ...]) -> None:
+    """Create queue NAME."""
+    arguments = _parse_arguments(extra)
+    for key, value in (("qpid.replicate", replicate), ("qpid.max_count", max_count), ("qpid.max_size", max_size),
+                       ("qpid.policy_type", policy), ("qpid.auto_delete_timeout", auto_delete_timeout)):
+        if value is not None:
+            arguments[key] = value
+    body = {"arguments": arguments, "exclusive": exclusive, "auto-delete": auto_delete, "durable": durable}
+    if alternate_exchange:
+        body["alternate-exchange"] = alternate_exchange
+    _request(broker, "CREATE", "queue", name, body)
+
+
+@add.command("exchange")
+@click.argument("type", type=click.Choice(["direct", "fanout", "topic"]))
+@click.argument("name")
+@_broker_option
+@click.option("--replicate", type=click.Choice(LEVELS), help="qpid.replicate level (default: the node's)")
+@click.option("--alternate-exchange", help="where unroutable messages go")
+@click.option("--durable", is_flag=True, help="keep the exchange's definition across restarts")
+def add_exchange(type: str, name: str, broker: str, replicate: str | None, alternate_exchange: str | None,
+                 durable: bool) -> None:
+    """Create exchange NAME of TYPE."""
+    arguments = {"qpid.replicate": replicate} if replicate else {}
+    body: dict[str, Any] = {"exchange-type": type, "arguments": arguments, "durable": durable}
+    if alternate_exchange:
+        body["alternate-exchange"] = alternate_exchange
+    _request(broker, "CREATE", "exchange", name, body)
+
+
+def _parse_arguments(pairs: tuple[str, ...]) -> dict[str, Any]:
+    arguments: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--argument")
+        try:
+            arguments[key] = json.loads(value)
+        except ValueError:
+            arguments[key] = value
+    return arguments
+
+
+@main.command("del")
+@click.argument("type", type=click.Choice(["queue", "exchange"]))
+@click.argument("name")
+@_broker_option
+def delete(type: str, name: str, broker: str) -> None:
+    """Delete queue or exchange NAME."""
+    _request(broker, "DELETE", type, name)
+
+
+@main.command()
+@click.argument("exchange")
+@click.argument("queue")
+@click.argument("key", default="")
+@_broker_option
+@click.option("--replicate", type=click.Choice(LEVELS), help="qpid.replicate of the binding itself")
+def bind(exchange: str, queue: str, key: str, broker: str, replicate: str | None) -> None:
+    """Bind QUEUE to EXCHANGE with binding KEY."""
+    arguments = {"qpid.replicate": replicate} if replicate else {}
+    _request(broker, "BIND", "binding", body={"exchange": exchange, "queue": queue, "key": key,
+                                               "arguments": arguments})
+
+
+@main.command()
+@click.argument("exchange")
+@click.argument("queue")
+@click.argument("key", default="")
+@_broker_option
+def unbind(exchange: str, queue: str, key: str, broker: str) -> None:
+    """Remove the binding of QUEUE to EXCHANGE with KEY."""
+    _request(broker, "UNBIND", "binding", body={"exchange": exchange, "queue": queue, "key": key})
+
+
+@main.command()
+@click.argument("name")
+@_broker_option
+def purge(name: str, broker: str) -> None:
+    """Remove every available message from queue NAME."""
+    result = _request(broker, "PURGE", "queue", name)
+    click.echo(f"purged {result.get('purged', 0)} messages")
+
+
+# -- query / status / ping -----------------------------------------------------------
+
+
+@main.command()
+@_broker_option
+@click.option("--json", "as_json", is_flag=True, help="print the raw JSON")
+def query(broker: str, as_json: bool) -> None:
+    """Show queues (depth, consumers, arguments), exchanges and bindings."""
+    result = _request(broker, "QUERY")
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
+        return
+    click.echo(_format_query(result))
+
+
+def _format_query(result: dict[str, Any]) -> str:
+    lines = ["Queues:"]
+    lines.append(f"  {'name':<30} {'depth':>8} {'acquired':>8} {'consumers':>9} {'replicate':<13} arguments")
+    for q in sorted(result.get("queues", []), key=lambda q: q["name"]):
+        args = {k: v for k, v in q["arguments"].items() if k != "qpid.replicate"}
+        lines.append(f"  {q['name']:<30} {q['depth']:>8} {q['acquired']:>8} {q['consumers']:>9} "
+                     f"{q['replicate']:<13} {json.dumps(args, default=str) if args else ''}")
+    lines.append("Exchanges:")
+    for e in sorted(result.get("exchanges", []), key=lambda e: e["name"]):
+        lines.append(f"  {e['name']:<30} {e['type']:<8} bindings={e['bindings']} routed={e['routed']} "
+                     f"dropped={e['dropped']} replicate={e['replicate']}")
+    lines.append("Bindings:")
+    for b in result.get("bindings", []):
+        lines.append(f"  {b['exchange']} -> {b['queue']} key={b['key']!r}")
+    for section, value in result.items():
+        if section not in ("queues", "exchanges", "bindings"):
+            lines.append(f"{section}: {json.dumps(value, default=str)}")
+    return "\n".join(lines)
+
+
+@main.command()
+@_broker_option
+@click.option("--expect", help="exit 0 if the node's state is this word, else 1")
+@click.option("--json", "as_json", is_flag=True, help="print the whole status as JSON")
+def status(broker: str, expect: str | None, as_json: bool) -> None:
+    """Print the node's state word (standalone, connecting, catchup, backup, primary)."""
+    result = _request(broker, "STATUS")
+    click.echo(json.dumps(result, indent=2, sort_keys=True, default=str) if as_json else result["state"])
+    if expect is not None and result["state"] != expect:
+        sys.exit(1)
+
+
+@main.command()
+@_broker_option
+@click.option("--timeout", type=float, default=5.0, show_default=True)
+def ping(broker: str, timeout: float) -> None:
+    """Exit 0 if the node answers."""
+    try:
+        with ManagementClient(broker, timeout=timeout) as client:
+            client.request("PING")
+    except ManagementError as error:
+        raise click.ClickException(str(error)) from None
+    click.echo("ok")
+
+
+if __name__ == "__main__":
+    main()

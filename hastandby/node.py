@@ -1,0 +1,163 @@
+"""One running node: the broker core on a proton container, its timers and signals.
+
+Everything that touches proton objects runs on the container's thread.  Other
+threads (signal handlers, and later etcd's gRPC threads) hand work over with
+``call_soon_threadsafe``, which goes through a ``proton.reactor.EventInjector``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid as uuidlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import structlog
+from proton import Condition
+from proton.reactor import ApplicationEvent, Container, EventInjector
+
+from . import __version__
+from .broker.management import Management
+from .broker.registry import Registry
+from .broker.server import CALL_EVENT, BrokerHandler
+from .broker.store import WiringStore
+
+log = structlog.get_logger("hastandby.node")
+
+HOUSEKEEPING_INTERVAL = 0.25  # seconds between TTL expiry sweeps
+SHUTDOWN_GRACE = 0.3  # seconds to flush close frames before the loop stops
+
+
+@dataclass
+class NodeConfig:
+    """What ``hastandby serve`` was asked for."""
+
+    listen: str = "127.0.0.1:5672"
+    data_dir: Path | None = None
+    replicate: str = "none"
+    max_message_size: int = 64 * 1024 * 1024
+    auto_create: bool = True
+    heartbeat: float = 0.0
+
+
+def split_hostport(text: str, default_port: int = 5672) -> tuple[str, int]:
+    """'host:port' (or 'amqp://host:port', or 'host') -> (host, port)."""
+    if "://" in text:
+        text = text.split("://", 1)[1]
+    text = text.rstrip("/")
+    host, _, port = text.rpartition(":")
+    if not host:
+        return text, default_port
+    return host, int(port)
+
+
+class _Call:
+    """Adapts a plain callable to proton's timer-task handler."""
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.fn = fn
+
+    def on_timer_task(self, event: Any) -> None:
+        self.fn()
+
+
+class Node:
+    """A standalone broker node (HA wraps it with its own roles)."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.state = "standalone"
+        self.node_id = self._node_id()
+        self.started = time.time()
+        self.registry = Registry(config.replicate, config.auto_create, scheduler=self.schedule)
+        self.management = Management(self.registry, self.status)
+        self.handler = BrokerHandler(
+            self.registry,
+            self.management,
+            max_message_size=config.max_message_size,
+            idle_timeout=config.heartbeat,
+        )
+        self.container = Container(self.handler)
+        self.container.container_id = f"hastandby-{self.node_id}"
+        self._injector = EventInjector()
+        self._acceptor: Any = None
+        self._stopping = False
+        if config.data_dir is not None:
+            store = WiringStore(self.registry, config.data_dir)
+            store.load()
+            self.registry.observers.append(store)
+
+    def _node_id(self) -> str:
+        if self.config.data_dir is None:
+            return uuidlib.uuid4().hex[:12]
+        data_dir = Path(self.config.data_dir)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        path = data_dir / "node-id"
+        if not path.exists():
+            path.write_text(uuidlib.uuid4().hex[:12] + "\n")
+        return path.read_text().strip()
+
+    # -- reactor-thread services ---------------------------------------------------
+
+    def schedule(self, delay: float, fn: Callable[[], None]) -> Any:
+        """Run ``fn`` on the reactor thread after ``delay`` seconds."""
+        return self.container.schedule(delay, _Call(fn))
+
+    def call_soon_threadsafe(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the reactor thread; callable from any thread or a signal handler."""
+        self._injector.trigger(ApplicationEvent(CALL_EVENT, subject=fn))
+
+    def _housekeeping(self) -> None:
+        now = time.monotonic()
+        for queue in list(self.registry.queues.values()):
+            if queue._expiry_heap:
+                queue.expire(now)
+        if not self._stopping:
+            self.schedule(HOUSEKEEPING_INTERVAL, self._housekeeping)
+
+    # -- status --------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        host, port = split_hostport(self.config.listen)
+        return {
+            "state": self.state,
+            "node_id": self.node_id,
+            "url": f"amqp://{host}:{port}",
+            "version": __version__,
+            "pid": os.getpid(),
+            "uptime": round(time.time() - self.started, 3),
+            "connections": len(self.handler.connections),
+            "queues": len(self.registry.queues),
+        }
+
+    # -- running -------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Serve until SIGINT/SIGTERM, then close every connection and return."""
+        host, port = split_hostport(self.config.listen)
+        self.container.selectable(self._injector)
+        self._acceptor = self.container.listen(f"{host}:{port}")
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: self.call_soon_threadsafe(self.stop))
+        self.schedule(HOUSEKEEPING_INTERVAL, self._housekeeping)
+        log.info("node serving", url=f"amqp://{host}:{port}", state=self.state, node_id=self.node_id, pid=os.getpid())
+        self.container.run()
+        log.info("node stopped", node_id=self.node_id)
+
+    def stop(self) -> None:
+        """Graceful stop: no new connections, close the open ones, then end the loop."""
+        if self._stopping:
+            return
+        self._stopping = True
+        log.info("node stopping", node_id=self.node_id)
+        if self._acceptor is not None:
+            self._acceptor.close()
+        self.handler.close_all(Condition("amqp:connection:forced", "node shutting down"))
+        self.schedule(SHUTDOWN_GRACE, self._finish)
+
+    def _finish(self) -> None:
+        self._injector.close()
+        self.container.stop()
