@@ -1,0 +1,304 @@
+"""Build and run the proton C example clients and broker.
+
+Benchmarks and integration tests drive brokers with the proton C examples
+(Debian package libqpid-proton11-dev-examples) because they are fast, so the
+clients are never the bottleneck, and because the peer brokers in
+``peers-measured.md`` were measured with the same programs; that makes our
+figures comparable.
+
+The example sources are read from the installed package at build time, never
+copied into this repository. Besides the stock ``send``, ``receive`` and
+``broker`` there are two benchmark variants, made by applying a few textual
+replacements to the stock sources (each must apply exactly once, so a changed
+upstream example fails the build loudly instead of building something else):
+
+``send-bench``
+    sends a binary body of N bytes (argv[5], default 100) instead of the stock
+    small map ``{"sequence": n}``.
+``receive-bench``
+    does not print each message, and when it has its count it closes (detaches)
+    its link and closes the connection only after the broker's detach arrives.
+    The stock receive closes the connection right after its last message, so a
+    broker may see the close before the last dispositions and requeue those
+    messages; waiting for the detach makes "exactly N received and settled"
+    hold.
+
+Binaries go to a cache directory (default ``benchmarks/.build/``) under a name
+carrying a hash of the patched source, the compiler command and the proton
+headers' version, so they are rebuilt only when one of those changes.
+
+This module is imported by integration tests: it uses the standard library only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+EXAMPLES_DIR = Path(os.environ.get("PROTON_EXAMPLES_DIR", "/usr/share/proton/examples/c"))
+"""Where Debian's libqpid-proton11-dev-examples installs the C examples."""
+
+DEFAULT_BUILD_DIR = Path(__file__).resolve().parent / ".build"
+
+CFLAGS: tuple[str, ...] = ("-O2", "-Wall")
+LDLIBS: tuple[str, ...] = ("-lqpid-proton", "-lpthread")
+"""libqpid-proton.so holds core and proactor; Debian ships no unversioned
+libqpid-proton-proactor.so to link against."""
+
+PROTON_VERSION_HEADER = Path("/usr/include/proton/version.h")
+
+DEFAULT_BODY_SIZE = 100
+
+
+@dataclass(frozen=True)
+class Patch:
+    """Replace ``old`` by ``new`` in an example source; ``old`` must occur exactly once."""
+
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Program:
+    """One buildable program: a stock example source plus optional patches."""
+
+    source: str
+    patches: tuple[Patch, ...] = ()
+
+
+_SEND_BENCH = (
+    Patch(
+        "  int message_count;\n\n  pn_proactor_t *proactor;\n  pn_message_t *message;\n",
+        "  int message_count;\n  size_t body_size;\n  char *body;\n\n"
+        "  pn_proactor_t *proactor;\n  pn_message_t *message;\n",
+    ),
+    Patch(
+        "  pn_data_put_map(body);\n"
+        "  pn_data_enter(body);\n"
+        '  pn_data_put_string(body, pn_bytes(sizeof("sequence")-1, "sequence"));\n'
+        "  pn_data_put_int(body, app->sent); /* The sequence number */\n"
+        "  pn_data_exit(body);\n",
+        "  pn_data_put_binary(body, pn_bytes(app->body_size, app->body));\n",
+    ),
+    Patch(
+        "  app.message_count = (argc > 4) ? atoi(argv[4]) : 10;\n",
+        "  app.message_count = (argc > 4) ? atoi(argv[4]) : 10;\n"
+        f"  app.body_size = (argc > 5) ? (size_t)atol(argv[5]) : {DEFAULT_BODY_SIZE};\n"
+        "  app.body = malloc(app.body_size + 1);\n"
+        "  memset(app.body, 'x', app.body_size);\n",
+    ),
+    Patch("#include <stdlib.h>\n", "#include <stdlib.h>\n#include <string.h>\n"),
+    Patch(
+        "  free(app.message_buffer.start);\n",
+        "  free(app.message_buffer.start);\n  free(app.body);\n",
+    ),
+)
+
+_RECEIVE_BENCH = (
+    Patch(
+        "    /* Print the decoded message */\n"
+        "    pn_string_t *s = pn_string(NULL);\n"
+        "    pn_inspect(pn_message_body(m), s);\n"
+        '    printf("%s\\n", pn_string_get(s));\n'
+        "    pn_free(s);\n",
+        "    /* benchmark variant: decoded, not printed */\n",
+    ),
+    # Close (detach) only the link; the existing PN_LINK_REMOTE_CLOSE handler
+    # closes the connection once the broker has answered with its detach.
+    Patch(
+        "           pn_link_close(l);\n"
+        "           pn_session_close(ssn);\n"
+        "           pn_connection_close(pn_session_connection(ssn));\n",
+        "           pn_link_close(l);\n",
+    ),
+    Patch(
+        "           pn_session_t *ssn = pn_link_session(l);\n",
+        "",
+    ),
+)
+
+PROGRAMS: dict[str, Program] = {
+    "send": Program("send.c"),
+    "receive": Program("receive.c"),
+    "broker": Program("broker.c"),
+    "send-bench": Program("send.c", _SEND_BENCH),
+    "receive-bench": Program("receive.c", _RECEIVE_BENCH),
+}
+"""Every program :func:`build` knows, by name."""
+
+
+class ClientRun(NamedTuple):
+    """Outcome of one client run; stderr is merged into stdout."""
+
+    returncode: int
+    elapsed: float
+    stdout: str
+
+
+class PatchError(RuntimeError):
+    """A patch did not apply exactly once: the installed example has changed."""
+
+
+def patched_source(name: str, examples_dir: Path = EXAMPLES_DIR) -> str:
+    """Return the C source of program ``name`` with its patches applied."""
+    program = PROGRAMS[name]
+    text = (examples_dir / program.source).read_text()
+    for patch in program.patches:
+        found = text.count(patch.old)
+        if found != 1:
+            raise PatchError(
+                f"{name}: patch expected exactly one match in {examples_dir / program.source}, "
+                f"found {found}:\n{patch.old}"
+            )
+        text = text.replace(patch.old, patch.new)
+    return text
+
+
+def build(name: str, build_dir: Path = DEFAULT_BUILD_DIR, examples_dir: Path = EXAMPLES_DIR) -> Path:
+    """Return the path of the built program ``name``, compiling it if needed.
+
+    Safe to call from concurrent processes: each compiles in its own
+    temporary directory and renames the binary into place.
+    """
+    source = patched_source(name, examples_dir)
+    compiler = os.environ.get("CC", "gcc")
+    stamp = hashlib.sha256()
+    for part in (
+        source,
+        (examples_dir / "thread.h").read_text(),  # broker.c includes it
+        PROTON_VERSION_HEADER.read_text() if PROTON_VERSION_HEADER.exists() else "",
+        " ".join((compiler, *CFLAGS, *LDLIBS)),
+    ):
+        stamp.update(part.encode())
+        stamp.update(b"\0")
+    binary = build_dir / f"{name}-{stamp.hexdigest()[:16]}"
+    if binary.exists():
+        return binary
+
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=build_dir, prefix=f".{name}-") as tmp:
+        work = Path(tmp)
+        c_file = work / PROGRAMS[name].source
+        c_file.write_text(source)
+        # broker.c includes "thread.h" from its own directory.
+        shutil.copyfile(examples_dir / "thread.h", work / "thread.h")
+        try:
+            subprocess.run(
+                [compiler, *CFLAGS, "-o", str(work / name), str(c_file), *LDLIBS],
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+        except subprocess.CalledProcessError as err:
+            raise RuntimeError(f"building {name} failed:\n{err.stderr}") from err
+        os.replace(work / name, binary)
+    return binary
+
+
+class Client:
+    """A started C client; :meth:`wait` collects its result.
+
+    Starting and waiting are separate so a sender and a receiver can run
+    concurrently.
+    """
+
+    def __init__(self, argv: list[str]) -> None:
+        self.argv = argv
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+
+    def wait(self, timeout: float) -> ClientRun:
+        """Wait for the client to exit; on timeout kill it and raise ``subprocess.TimeoutExpired``."""
+        try:
+            out, _ = self.process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            out, _ = self.process.communicate()
+            raise subprocess.TimeoutExpired(self.argv, timeout, output=out) from None
+        return ClientRun(self.process.returncode, time.monotonic() - self.started, out)
+
+    def kill(self) -> None:
+        """Kill the client if it still runs (for cleanup after another failure)."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.communicate()
+
+
+def start_send(
+    host: str,
+    port: int,
+    address: str,
+    count: int,
+    body_size: int = DEFAULT_BODY_SIZE,
+    build_dir: Path = DEFAULT_BUILD_DIR,
+) -> Client:
+    """Start ``send-bench``: ``count`` messages with a binary body of ``body_size`` bytes.
+
+    It exits 0 after printing "N messages sent and acknowledged" once the
+    broker has accepted every message.
+    """
+    binary = build("send-bench", build_dir)
+    return Client([str(binary), host, str(port), address, str(count), str(body_size)])
+
+
+def start_receive(host: str, port: int, address: str, count: int, build_dir: Path = DEFAULT_BUILD_DIR) -> Client:
+    """Start ``receive-bench``: take exactly ``count`` messages (it grants that much credit).
+
+    It prints "N messages received" when it has them, then detaches and waits
+    for the broker's detach before closing; so with exit code 0 all ``count``
+    messages were accepted and settled.
+    """
+    binary = build("receive-bench", build_dir)
+    return Client([str(binary), host, str(port), address, str(count)])
+
+
+def run_send(
+    host: str,
+    port: int,
+    address: str,
+    count: int,
+    body_size: int = DEFAULT_BODY_SIZE,
+    timeout: float = 120.0,
+    build_dir: Path = DEFAULT_BUILD_DIR,
+) -> ClientRun:
+    """Send ``count`` messages and wait; see :func:`start_send`."""
+    return start_send(host, port, address, count, body_size, build_dir).wait(timeout)
+
+
+def run_receive(
+    host: str,
+    port: int,
+    address: str,
+    count: int,
+    timeout: float = 120.0,
+    build_dir: Path = DEFAULT_BUILD_DIR,
+) -> ClientRun:
+    """Receive ``count`` messages and wait; see :func:`start_receive`."""
+    return start_receive(host, port, address, count, build_dir).wait(timeout)
+
+
+_SENT = re.compile(r"^(\d+) messages sent and acknowledged$", re.MULTILINE)
+_RECEIVED = re.compile(r"^(\d+) messages received$", re.MULTILINE)
+
+
+def sent_count(run: ClientRun) -> int | None:
+    """Messages the sender reports as acknowledged, or None if it did not report."""
+    match = _SENT.search(run.stdout)
+    return int(match.group(1)) if match else None
+
+
+def received_count(run: ClientRun) -> int | None:
+    """Messages the receiver reports, or None if it did not report."""
+    match = _RECEIVED.search(run.stdout)
+    return int(match.group(1)) if match else None

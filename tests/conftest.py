@@ -1,0 +1,30 @@
+"""Shared fixtures: real node processes on loopback, always stopped by PID."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import pytest
+
+from tests.support.nodes import NodeProcess
+
+
+@pytest.fixture
+def node_factory(tmp_path) -> Iterator[Callable[..., NodeProcess]]:
+    """Start nodes with extra ``serve`` arguments; every one is stopped at teardown."""
+    started: list[NodeProcess] = []
+
+    def start(*args: str, wait: bool = True, name: str = "node", port: int | None = None) -> NodeProcess:
+        node = NodeProcess(tmp_path, *args, port=port, name=name)
+        started.append(node)
+        return node.start(wait=wait)
+
+    yield start
+    for node in started:
+        node.stop()
+
+
+@pytest.fixture
+def node(node_factory) -> NodeProcess:
+    """One standalone node with default settings."""
+    return node_factory()

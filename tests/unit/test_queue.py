@@ -1,0 +1,199 @@
+"""Queue semantics without any I/O: a fake consumer stands in for a link."""
+
+from __future__ import annotations
+
+import pytest
+
+from hastandby.broker.completion import Completion
+from hastandby.broker.errors import ResourceLimitExceeded
+from hastandby.broker.queue import Queue, QueueSettings
+
+
+class FakeConsumer:
+    def __init__(self, credit: int = 0, browsing: bool = False, sees_acquired: bool = False) -> None:
+        self.credit = credit
+        self.browsing = browsing
+        self.sees_acquired = sees_acquired
+        self.got: list[tuple[int, bytes, int]] = []
+
+    def deliver(self, queue, msg_id, data, delivery_count):
+        self.credit -= 1
+        self.got.append((msg_id, data, delivery_count))
+
+
+def make(**settings) -> Queue:
+    return Queue("q", QueueSettings(**settings))
+
+
+def test_ids_increase_independently_of_position():
+    q = make()
+    ids = [q.enqueue(b"m%d" % i) for i in range(5)]
+    assert ids == [1, 2, 3, 4, 5]
+    q.dequeue(1, "consumed")
+    assert q.enqueue(b"m5") == 6
+    assert q.ids() == [2, 3, 4, 5, 6]
+
+
+def test_consumer_acquires_in_order_and_ack_removes():
+    q = make()
+    for i in range(3):
+        q.enqueue(b"m%d" % i)
+    c = FakeConsumer(credit=2)
+    q.add_consumer(c)
+    assert [m[0] for m in c.got] == [1, 2]
+    assert q.acquired_count == 2 and q.depth == 3
+    q.acknowledge(1)
+    assert q.depth == 2 and q.ids() == [2, 3]
+
+
+def test_release_puts_message_back_at_its_place_and_counts_failures():
+    q = make()
+    for i in range(3):
+        q.enqueue(b"m%d" % i)
+    c1 = FakeConsumer(credit=2)
+    q.add_consumer(c1)
+    q.release(1, delivery_failed=True)
+    c2 = FakeConsumer(credit=5)
+    q.add_consumer(c2)
+    assert [(m[0], m[2]) for m in c2.got] == [(1, 1), (3, 0)]
+    q.release(2, delivery_failed=False)
+    assert c2.got[-1][0] == 2 and c2.got[-1][2] == 0
+
+
+def test_no_message_goes_to_two_consumers():
+    q = make()
+    a, b = FakeConsumer(credit=100), FakeConsumer(credit=100)
+    q.add_consumer(a)
+    q.add_consumer(b)
+    for i in range(50):
+        q.enqueue(b"x")
+    ids_a = {m[0] for m in a.got}
+    ids_b = {m[0] for m in b.got}
+    assert not ids_a & ids_b
+    assert len(ids_a | ids_b) == 50
+    assert len(ids_a) == len(ids_b) == 25  # round robin
+
+
+def test_browser_sees_everything_in_order_without_taking_it_and_follows_new_ones():
+    q = make()
+    for i in range(3):
+        q.enqueue(b"m%d" % i)
+    browser = FakeConsumer(credit=10, browsing=True)
+    q.add_consumer(browser)
+    q.enqueue(b"m3")
+    assert [m[0] for m in browser.got] == [1, 2, 3, 4]
+    assert q.depth == 4 and q.acquired_count == 0
+    consumer = FakeConsumer(credit=4)
+    q.add_consumer(consumer)
+    assert [m[0] for m in consumer.got] == [1, 2, 3, 4]
+
+
+def test_plain_browser_skips_acquired_replicating_browser_does_not():
+    q = make()
+    for i in range(3):
+        q.enqueue(b"m%d" % i)
+    q.add_consumer(FakeConsumer(credit=1))
+    plain = FakeConsumer(credit=10, browsing=True)
+    replicating = FakeConsumer(credit=10, browsing=True, sees_acquired=True)
+    q.add_consumer(plain)
+    q.add_consumer(replicating)
+    assert [m[0] for m in plain.got] == [2, 3]
+    assert [m[0] for m in replicating.got] == [1, 2, 3]
+
+
+def test_browser_resumes_after_compaction():
+    q = make()
+    browser = FakeConsumer(credit=1, browsing=True)
+    q.add_consumer(browser)
+    for i in range(5000):
+        q.enqueue(b"x")
+    for msg_id in range(2, 4000):
+        q.dequeue(msg_id, "consumed")
+    browser.credit = 10
+    q.dispatch()
+    assert [m[0] for m in browser.got] == [1] + list(range(4000, 4010))
+
+
+def test_reject_policy_refuses_and_keeps_contents():
+    q = make(max_count=2, policy="reject")
+    q.enqueue(b"a")
+    q.enqueue(b"b")
+    with pytest.raises(ResourceLimitExceeded, match="max-count 2"):
+        q.check_capacity(1)
+    assert q.ids() == [1, 2]
+    size_limited = make(max_size=10, policy="reject")
+    size_limited.enqueue(b"12345678")
+    with pytest.raises(ResourceLimitExceeded, match="max-size"):
+        size_limited.check_capacity(5)
+
+
+def test_ring_policy_drops_oldest():
+    q = make(max_count=3, policy="ring")
+    for i in range(5):
+        q.enqueue(b"m%d" % i)
+    assert q.ids() == [3, 4, 5]
+    assert q.stats["ring_dropped"] == 2
+
+
+def test_ttl_expiry_removes_unacquired_and_skips_at_dispatch():
+    q = make()
+    q.enqueue(b"short", ttl_ms=10)
+    q.enqueue(b"long", ttl_ms=60_000)
+    q.enqueue(b"forever")
+    import time
+
+    assert q.expire(time.monotonic() + 1.0) == 1
+    assert q.ids() == [2, 3]
+    q.enqueue(b"gone", ttl_ms=1)
+    time.sleep(0.01)
+    c = FakeConsumer(credit=10)
+    q.add_consumer(c)
+    assert [m[0] for m in c.got] == [2, 3]
+
+
+def test_replica_takes_given_ids_in_order_and_drops_duplicates():
+    q = make()
+    assert q.enqueue(b"b", msg_id=5) == 5
+    q.enqueue(b"a", msg_id=3)
+    q.enqueue(b"b-again", msg_id=5)
+    q.enqueue(b"c", msg_id=9)
+    assert q.messages() == [(3, b"a"), (5, b"b"), (9, b"c")]
+    assert q.next_id == 10
+
+
+class Recorder:
+    def __init__(self):
+        self.events = []
+
+    def enqueued(self, queue, msg_id, data, completion):
+        self.events.append(("enqueued", msg_id))
+        if completion is not None:
+            completion.hold()
+            self.held = completion
+
+    def acquired(self, queue, msg_id):
+        self.events.append(("acquired", msg_id))
+
+    def released(self, queue, msg_id):
+        self.events.append(("released", msg_id))
+
+    def dequeued(self, queue, msg_id, reason):
+        self.events.append(("dequeued", msg_id, reason))
+
+
+def test_observers_see_every_transition_and_may_hold_completion():
+    q = make()
+    recorder = Recorder()
+    q.observers.append(recorder)
+    done = []
+    completion = Completion(done.append, "token")
+    q.enqueue(b"m", completion)
+    completion.release()
+    assert done == []  # held by the observer
+    recorder.held.release()
+    assert done == ["token"]
+    c = FakeConsumer(credit=2)
+    q.add_consumer(c)
+    q.release(1, delivery_failed=False)
+    q.dequeue(1, "expired")
+    assert recorder.events == [("enqueued", 1), ("acquired", 1), ("released", 1), ("acquired", 1), ("dequeued", 1, "expired")]
