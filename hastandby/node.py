@@ -1,8 +1,8 @@
-"""One running node: the broker core on a proton container, its timers and signals.
+"""One running node: the broker core on its driver, its timers and signals.
 
-Everything that touches proton objects runs on the container's thread.  Other
+Everything that touches proton objects runs on the driver's thread.  Other
 threads (signal handlers, and later etcd's gRPC threads) hand work over with
-``call_soon_threadsafe``, which goes through a ``proton.reactor.EventInjector``.
+``call_soon_threadsafe``.
 """
 
 from __future__ import annotations
@@ -17,12 +17,11 @@ from typing import Any, Callable
 
 import structlog
 from proton import Condition
-from proton.reactor import ApplicationEvent, Container, EventInjector
 
 from . import __version__
 from .broker.management import Management
 from .broker.registry import Registry
-from .broker.server import CALL_EVENT, BrokerHandler
+from .broker.server import BrokerHandler
 from .broker.store import WiringStore
 
 log = structlog.get_logger("hastandby.node")
@@ -54,16 +53,6 @@ def split_hostport(text: str, default_port: int = 5672) -> tuple[str, int]:
     return host, int(port)
 
 
-class _Call:
-    """Adapts a plain callable to proton's timer-task handler."""
-
-    def __init__(self, fn: Callable[[], None]) -> None:
-        self.fn = fn
-
-    def on_timer_task(self, event: Any) -> None:
-        self.fn()
-
-
 class Node:
     """A standalone broker node (HA wraps it with its own roles)."""
 
@@ -80,10 +69,9 @@ class Node:
             max_message_size=config.max_message_size,
             idle_timeout=config.heartbeat,
         )
-        self.container = Container(self.handler)
-        self.container.container_id = f"hastandby-{self.node_id}"
-        self._injector = EventInjector()
-        self._acceptor: Any = None
+        self.handler.container_id = f"hastandby-{self.node_id}"
+        self.driver = self.handler.driver
+        self._listener: Any = None
         self._stopping = False
         if config.data_dir is not None:
             store = WiringStore(self.registry, config.data_dir)
@@ -103,12 +91,12 @@ class Node:
     # -- reactor-thread services ---------------------------------------------------
 
     def schedule(self, delay: float, fn: Callable[[], None]) -> Any:
-        """Run ``fn`` on the reactor thread after ``delay`` seconds."""
-        return self.container.schedule(delay, _Call(fn))
+        """Run ``fn`` on the driver's thread after ``delay`` seconds."""
+        return self.driver.schedule(delay, fn)
 
     def call_soon_threadsafe(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on the reactor thread; callable from any thread or a signal handler."""
-        self._injector.trigger(ApplicationEvent(CALL_EVENT, subject=fn))
+        """Run ``fn`` on the driver's thread; callable from any thread or a signal handler."""
+        self.driver.call_soon_threadsafe(fn)
 
     def _housekeeping(self) -> None:
         now = time.monotonic()
@@ -138,13 +126,12 @@ class Node:
     def run(self) -> None:
         """Serve until SIGINT/SIGTERM, then close every connection and return."""
         host, port = split_hostport(self.config.listen)
-        self.container.selectable(self._injector)
-        self._acceptor = self.container.listen(f"{host}:{port}")
+        self._listener = self.driver.listen(host, port)
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda *_: self.call_soon_threadsafe(self.stop))
         self.schedule(HOUSEKEEPING_INTERVAL, self._housekeeping)
         log.info("node serving", url=f"amqp://{host}:{port}", state=self.state, node_id=self.node_id, pid=os.getpid())
-        self.container.run()
+        self.driver.run()
         log.info("node stopped", node_id=self.node_id)
 
     def stop(self) -> None:
@@ -153,11 +140,10 @@ class Node:
             return
         self._stopping = True
         log.info("node stopping", node_id=self.node_id)
-        if self._acceptor is not None:
-            self._acceptor.close()
+        if self._listener is not None:
+            self._listener.close()
         self.handler.close_all(Condition("amqp:connection:forced", "node shutting down"))
         self.schedule(SHUTDOWN_GRACE, self._finish)
 
     def _finish(self) -> None:
-        self._injector.close()
-        self.container.stop()
+        self.driver.stop()

@@ -1,14 +1,17 @@
 """The two kinds of client link: messages out of a queue, and messages into a node.
 
-These are the per-message hot path.  Payloads stay opaque bytes; a delivery
-tag is the message's replication id, so a disposition names its message
-without any lookup table.
+These are the per-message hot path, so they talk to the proton C engine
+directly (``cproton.lib``) with the raw delivery pointers the driver hands
+them, and keep payloads as opaque bytes.  A delivery tag is the message's
+replication id in decimal, so a disposition names its message without a
+lookup table.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from cproton import PN_ACCEPTED, PN_MODIFIED, PN_REJECTED, PN_RELEASED, ffi, lib
 from proton import Condition, Delivery, Link
 
 from . import sections
@@ -19,16 +22,19 @@ from .queue import Queue
 if TYPE_CHECKING:
     from .registry import Node, Registry
 
-ACCEPTED = Delivery.ACCEPTED
-REJECTED = Delivery.REJECTED
-RELEASED = Delivery.RELEASED
-MODIFIED = Delivery.MODIFIED
-_OUTCOMES = (ACCEPTED, REJECTED, RELEASED, MODIFIED)
+_OUTCOMES = (PN_ACCEPTED, PN_REJECTED, PN_RELEASED, PN_MODIFIED)
 
 
-def _tag(msg_id: int) -> str:
-    """Delivery tags are the decimal replication id (proton hands tags back as text)."""
-    return str(msg_id)
+def delivery_tag(delivery: Any) -> bytes:
+    tag = lib.pn_delivery_tag(delivery)
+    return ffi.unpack(tag.start, tag.size)
+
+
+def close_link(link: Link, error: Exception) -> None:
+    """Detach a link with an AMQP error naming what went wrong."""
+    condition = error.condition if isinstance(error, BrokerError) else "amqp:internal-error"
+    link.condition = Condition(condition, f"{error}")
+    link.close()
 
 
 class OutgoingLink:
@@ -36,6 +42,7 @@ class OutgoingLink:
 
     def __init__(self, link: Link, queue: Queue, registry: "Registry", browsing: bool) -> None:
         self.link = link
+        self._impl = link._impl
         self.queue = queue
         self.registry = registry
         self.browsing = browsing
@@ -49,15 +56,16 @@ class OutgoingLink:
         self.queue.add_consumer(self)
 
     def deliver(self, queue: Queue, msg_id: int, data: bytes, delivery_count: int) -> None:
-        link = self.link
+        impl = self._impl
         if delivery_count:
             data = sections.with_delivery_count(data, delivery_count)
-        delivery = link.delivery(_tag(msg_id))
-        link.send(data)
-        link.advance()
+        tag = b"%d" % msg_id
+        delivery = lib.pn_delivery(impl, (len(tag), ffi.from_buffer(tag)))
+        lib.pn_link_send(impl, ffi.from_buffer(data), len(data))
+        lib.pn_link_advance(impl)
         self.credit -= 1
         if self.presettled:
-            delivery.settle()
+            lib.pn_delivery_settle(delivery)
             if not self.browsing:
                 queue.acknowledge(msg_id)
         elif not self.browsing:
@@ -65,37 +73,42 @@ class OutgoingLink:
 
     def flow(self) -> None:
         """The client granted credit (or asked to drain)."""
-        link = self.link
-        self.credit = link.credit
+        impl = self._impl
+        self.credit = lib.pn_link_credit(impl)
         self.queue.dispatch()
-        if link.drain_mode and self.credit > 0:
-            link.drained()
+        if self.credit > 0 and lib.pn_link_get_drain(impl):
+            lib.pn_link_drained(impl)
             self.credit = 0
 
-    def disposition(self, delivery: Delivery) -> None:
+    def on_delivery(self, delivery: Any) -> None:
         """The client settled or updated a delivery: ack, reject or release it."""
+        state = lib.pn_delivery_remote_state(delivery)
+        settled = lib.pn_delivery_settled(delivery)
         if self.browsing:
-            if delivery.settled or delivery.remote_state:
-                delivery.settle()
+            if settled or state:
+                lib.pn_delivery_settle(delivery)
             return
-        state = delivery.remote_state
-        if state not in _OUTCOMES and not delivery.settled:
+        if state not in _OUTCOMES and not settled:
             return  # no outcome yet (e.g. a 'received' state)
-        msg_id = int(delivery.tag)
+        msg_id = int(delivery_tag(delivery))
+        lib.pn_delivery_settle(delivery)
         if msg_id not in self.unsettled:
-            delivery.settle()
             return
         self.unsettled.discard(msg_id)
         queue = self.queue
-        if state == ACCEPTED or state not in _OUTCOMES:
+        if state == PN_ACCEPTED or state not in _OUTCOMES:
             queue.acknowledge(msg_id)
-        elif state == REJECTED:
+        elif state == PN_REJECTED:
             self.registry.reject_to_alternate(queue, msg_id)
-        elif state == RELEASED:
+        elif state == PN_RELEASED:
             queue.release(msg_id, delivery_failed=False)
-        elif state == MODIFIED:
-            queue.release(msg_id, delivery_failed=bool(delivery.remote.failed))
-        delivery.settle()
+        else:
+            failed = lib.pn_disposition_is_failed(lib.pn_delivery_remote(delivery))
+            queue.release(msg_id, delivery_failed=bool(failed))
+
+    def fail(self, error: Exception) -> None:
+        self.close()
+        close_link(self.link, error)
 
     def close(self) -> None:
         """Link detached or connection lost: unsettled messages go back to the queue."""
@@ -104,7 +117,7 @@ class OutgoingLink:
         self.closed = True
         queue = self.queue
         queue.remove_consumer(self)
-        for msg_id in list(self.unsettled):
+        for msg_id in sorted(self.unsettled):
             queue.release(msg_id, delivery_failed=True)
         self.unsettled.clear()
         self.registry.consumers_changed(queue)
@@ -119,9 +132,10 @@ class IncomingLink:
         node: "Node | None",
         registry: "Registry",
         max_message_size: int,
-        window: int = 500,
+        window: int = 1000,
     ) -> None:
         self.link = link
+        self._impl = link._impl
         self.node = node  # None: anonymous relay, route on each message's 'to'
         self.registry = registry
         self.max_message_size = max_message_size
@@ -129,32 +143,35 @@ class IncomingLink:
         self.closed = False
 
     def start(self) -> None:
-        self.link.flow(self.window)
+        lib.pn_link_flow(self._impl, self.window)
 
-    def receive(self, delivery: Delivery) -> None:
-        link = self.link
-        if delivery.partial:
-            if self.max_message_size and delivery.pending > self.max_message_size:
+    def on_delivery(self, delivery: Any) -> None:
+        impl = self._impl
+        size = lib.pn_delivery_pending(delivery)
+        if lib.pn_delivery_partial(delivery):
+            if self.max_message_size and size > self.max_message_size:
                 self._too_big(delivery)
             return
-        if not delivery.readable:
+        if not lib.pn_delivery_readable(delivery):
             return
-        size = delivery.pending
         if self.max_message_size and size > self.max_message_size:
             self._too_big(delivery)
             return
-        data = link.recv(size)
-        link.advance()
-        if link.credit < self.window // 2:
-            link.flow(self.window - link.credit)
-        if delivery.settled:
+        buf = ffi.new("char[]", size)
+        lib.pn_link_recv(impl, buf, size)
+        data = ffi.unpack(buf, size)
+        lib.pn_link_advance(impl)
+        credit = lib.pn_link_credit(impl)
+        if credit < self.window // 2:
+            lib.pn_link_flow(impl, self.window - credit)
+        if lib.pn_delivery_settled(delivery):
             try:
                 self._route(data, None)
             except BrokerError:
                 pass  # at-most-once: the sender asked for no outcome
-            delivery.settle()
+            lib.pn_delivery_settle(delivery)
             return
-        completion = Completion(_accept, delivery)
+        completion = Completion(self._accept, delivery)
         try:
             self._route(data, completion)
         except BrokerError as error:
@@ -172,25 +189,31 @@ class IncomingLink:
                 raise NotFound(f"no such queue or exchange: {address!r}")
         registry.deliver(registry.route(node, data), data, completion)
 
-    def _too_big(self, delivery: Delivery) -> None:
-        self.link.condition = Condition(
-            "amqp:link:message-size-exceeded",
-            f"message larger than the maximum of {self.max_message_size} bytes",
-        )
-        self.link.close()
-        delivery.settle()
+    def _accept(self, delivery: Any) -> None:
+        if self.closed:
+            return  # the link is gone; the sender will resend after failover
+        lib.pn_delivery_update(delivery, PN_ACCEPTED)
+        lib.pn_delivery_settle(delivery)
+
+    def _too_big(self, delivery: Any) -> None:
+        lib.pn_delivery_settle(delivery)
+        self.fail(BrokerError(f"message larger than the maximum of {self.max_message_size} bytes"),
+                  "amqp:link:message-size-exceeded")
+
+    def fail(self, error: Exception, condition: str | None = None) -> None:
+        self.close()
+        if condition is not None:
+            self.link.condition = Condition(condition, str(error))
+            self.link.close()
+        else:
+            close_link(self.link, error)
 
     def close(self) -> None:
         self.closed = True
 
 
-def _accept(delivery: Delivery) -> None:
-    delivery.update(ACCEPTED)
-    delivery.settle()
-
-
-def _reject(delivery: Delivery, error: BrokerError) -> None:
-    delivery.local.condition = Condition(error.condition, str(error))
-    delivery.update(REJECTED)
-    delivery.settle()
-
+def _reject(delivery: Any, error: BrokerError) -> None:
+    wrapped = Delivery.wrap(delivery)
+    wrapped.local.condition = Condition(error.condition, str(error))
+    wrapped.update(Delivery.REJECTED)
+    wrapped.settle()

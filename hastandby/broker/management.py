@@ -21,6 +21,7 @@ import structlog
 from proton import Condition, Connection, Delivery, Link, Message
 
 from .errors import BrokerError, InvalidArgument, NotFound
+from .links import close_link
 from .registry import Registry
 
 ADDRESS = "$management"
@@ -186,7 +187,8 @@ class ManagementLink:
     def start(self) -> None:
         self.link.flow(20)
 
-    def receive(self, delivery: Delivery) -> None:
+    def on_delivery(self, impl: Any) -> None:
+        delivery = Delivery.wrap(impl)
         if delivery.partial or not delivery.readable:
             return
         link = self.link
@@ -215,6 +217,12 @@ class ManagementLink:
         else:
             delivery.update(Delivery.ACCEPTED)
         delivery.settle()
+
+    def flow(self) -> None:
+        pass
+
+    def fail(self, error: Exception) -> None:
+        close_link(self.link, error)
 
     def close(self) -> None:
         pass

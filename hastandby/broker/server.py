@@ -23,6 +23,7 @@ import structlog
 from proton import Condition, Connection, Described, Endpoint, Event, Link, Terminus
 from proton import Handler
 
+from .driver import Driver
 from .errors import BrokerError, InvalidArgument, ResourceLocked
 from .exchange import Exchange
 from .links import IncomingLink, OutgoingLink
@@ -33,7 +34,6 @@ from .registry import REPLICATE, Registry, queue_settings
 
 Admission = Callable[[Connection], "Condition | None"]
 AttachHook = Callable[[Link], Any]
-CALL_EVENT = "hs_call"  # an injected event carrying a callable to run on the reactor thread
 
 log = structlog.get_logger("hastandby.server")
 
@@ -53,7 +53,9 @@ def guarded(method: Callable[[Any, Event], None]) -> Callable[[Any, Event], None
 
 def _binding_key(source: Terminus) -> str | None:
     """The subject filter a receiver on an exchange asked for, if any."""
-    filters = source.filter.get_object() if source.filter else None
+    data = source.filter
+    data.rewind()
+    filters = data.get_object() if data.next() else None
     if not isinstance(filters, dict):
         return None
     for value in filters.values():
@@ -79,6 +81,8 @@ class BrokerHandler(Handler):
         self.management = management
         self.max_message_size = max_message_size
         self.idle_timeout = idle_timeout
+        self.container_id = "hastandby"
+        self.driver: Driver = Driver(self)
         self.admission: Admission = lambda connection: None
         self.attach_hooks: list[AttachHook] = []
         self.connections: set[Connection] = set()
@@ -101,10 +105,6 @@ class BrokerHandler(Handler):
             connection.condition = condition
             connection.close()
 
-    @guarded
-    def on_hs_call(self, event: Event) -> None:
-        event.context.subject()
-
     # -- connections -----------------------------------------------------------
 
     @guarded
@@ -116,6 +116,7 @@ class BrokerHandler(Handler):
     def on_connection_remote_open(self, event: Event) -> None:
         connection = event.connection
         refusal = self.admission(connection)
+        connection.container = self.container_id
         connection.open()
         if refusal is not None:
             log.info("connection refused", container=connection.remote_container, reason=refusal.description)
@@ -191,6 +192,7 @@ class BrokerHandler(Handler):
         else:
             link.target.copy(link.remote_target)
         link.hs_endpoint = endpoint
+        self.driver.register(link, endpoint)
         link.open()
         endpoint.start()
 
@@ -201,29 +203,11 @@ class BrokerHandler(Handler):
         if link.state & Endpoint.LOCAL_ACTIVE:
             link.close()
 
-    @guarded
-    def on_link_flow(self, event: Event) -> None:
-        link = event.link
-        if link.is_sender:
-            endpoint = getattr(link, "hs_endpoint", None)
-            if endpoint is not None:
-                endpoint.flow()
-
-    @guarded
-    def on_delivery(self, event: Event) -> None:
-        link = event.link
-        endpoint = getattr(link, "hs_endpoint", None)
-        if endpoint is None:
-            return
-        if link.is_sender:
-            endpoint.disposition(event.delivery)
-        else:
-            endpoint.receive(event.delivery)
-
     def _drop_link(self, link: Link) -> None:
         endpoint = getattr(link, "hs_endpoint", None)
         if endpoint is not None:
             del link.hs_endpoint
+            self.driver.unregister(link)
             endpoint.close()
 
     def _refuse(self, link: Link, error: BrokerError) -> None:
