@@ -206,19 +206,17 @@ class Queue:
 
     def _dispatch_consumers(self) -> None:
         consumers = self.consumers
-        while True:
-            count = len(consumers)
-            if not count:
+        while consumers:
+            index = self._first_available(self._head)
+            if index is None:
                 return
+            count = len(consumers)
             for step in range(count):
                 consumer = consumers[(self._rr + step) % count]
                 if consumer.credit > 0:
                     self._rr = (self._rr + step + 1) % count
                     break
             else:
-                return
-            index = self._first_available(self._head)
-            if index is None:
                 return
             self._head = index + 1
             msg_id = self._ids[index]
