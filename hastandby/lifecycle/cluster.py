@@ -1,0 +1,155 @@
+"""What the cluster looks like in etcd: key layout, value format, snapshots.
+
+Pure data, no I/O: the coordinator reads the keys and builds a
+``ClusterSnapshot``; ``decide`` reasons about it; tests build snapshots by hand.
+
+Key layout under ``/hastandby/<cluster>/``:
+
+``leader``
+    ``{"node_id": ..., "url": ...}`` attached to the leader's lease.  The key's
+    etcd *create revision* is the leader's **term**: unique, increasing with
+    every new leader, and unforgeable by a deposed one.
+``members/<node-id>``
+    ``{"url": ..., "state": ..., "detail": ...}`` attached to the member's
+    lease, so a crashed node disappears after one TTL.
+``handover``
+    ``{"target": <node-id>}`` set by an operator promotion, attached to its
+    own short lease so that a handover that cannot happen expires by itself.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from hastandby.lifecycle.states import Detail, NodeStatus, State
+
+ROOT = "/hastandby"
+
+
+@dataclass(frozen=True)
+class ClusterKeys:
+    """The etcd keys of one cluster."""
+
+    cluster: str
+
+    def __post_init__(self) -> None:
+        if not self.cluster or "/" in self.cluster:
+            raise ValueError(f"cluster name must be non-empty without '/': {self.cluster!r}")
+
+    @property
+    def prefix(self) -> str:
+        return f"{ROOT}/{self.cluster}/"
+
+    @property
+    def leader(self) -> str:
+        return self.prefix + "leader"
+
+    @property
+    def handover(self) -> str:
+        return self.prefix + "handover"
+
+    @property
+    def members(self) -> str:
+        return self.prefix + "members/"
+
+    def member(self, node_id: str) -> str:
+        if not node_id or "/" in node_id:
+            raise ValueError(f"node id must be non-empty without '/': {node_id!r}")
+        return self.members + node_id
+
+
+@dataclass(frozen=True)
+class Leader:
+    """The holder of the leader key; ``term`` is the key's create revision."""
+
+    node_id: str
+    url: str
+    term: int
+
+
+@dataclass(frozen=True)
+class Member:
+    """A node as it published itself."""
+
+    node_id: str
+    url: str
+    state: State
+    detail: Detail | None = None
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    """The cluster's keys as read at one etcd ``revision``."""
+
+    revision: int
+    leader: Leader | None = None
+    members: tuple[Member, ...] = ()
+    handover_target: str | None = None
+
+    def member(self, node_id: str) -> Member | None:
+        return next((m for m in self.members if m.node_id == node_id), None)
+
+    def is_current_term(self, term: int) -> bool:
+        """True if ``term`` is the term of the leader in this snapshot.
+
+        A replication link or a request stamped with any other term comes
+        from, or is meant for, a deposed primary.
+        """
+        return self.leader is not None and self.leader.term == term
+
+    def every_member_connecting(self) -> bool:
+        """A brand-new cluster: members exist and none is past ``connecting``."""
+        return bool(self.members) and all(m.state is State.CONNECTING for m in self.members)
+
+
+def _encode(fields: dict[str, str | None]) -> bytes:
+    return json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _decode(value: bytes, what: str) -> dict[str, object]:
+    try:
+        fields = json.loads(value)
+    except ValueError as error:
+        raise ValueError(f"{what}: not JSON: {value!r}") from error
+    if not isinstance(fields, dict):
+        raise ValueError(f"{what}: not a JSON object: {value!r}")
+    return fields
+
+
+def _text(fields: dict[str, object], name: str, what: str) -> str:
+    value = fields.get(name)
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what}: field {name!r} missing or not a string")
+    return value
+
+
+def encode_leader(node_id: str, url: str) -> bytes:
+    return _encode({"node_id": node_id, "url": url})
+
+
+def decode_leader(value: bytes, term: int) -> Leader:
+    fields = _decode(value, "leader key")
+    return Leader(_text(fields, "node_id", "leader key"), _text(fields, "url", "leader key"), term)
+
+
+def encode_member(url: str, status: NodeStatus) -> bytes:
+    return _encode({"url": url, "state": status.state.value, "detail": status.detail})
+
+
+def decode_member(node_id: str, value: bytes) -> Member:
+    what = f"member {node_id}"
+    fields = _decode(value, what)
+    url, state, detail = _text(fields, "url", what), _text(fields, "state", what), fields.get("detail")
+    try:
+        return Member(node_id, url, State(state), Detail(detail) if detail else None)
+    except ValueError as error:
+        raise ValueError(f"{what}: {error}") from error
+
+
+def encode_handover(target: str) -> bytes:
+    return _encode({"target": target})
+
+
+def decode_handover(value: bytes) -> str:
+    return _text(_decode(value, "handover key"), "target", "handover key")

@@ -1,0 +1,543 @@
+"""The node's only door to etcd: membership, election, handover, lease, watch.
+
+``Coordinator`` is the small interface the node loop programs against (so the
+decisions stay testable with a fake); ``EtcdCoordinator`` implements it with
+the ``etcd3`` client.  Key layout and value format: ``cluster.py``.
+
+Threads and the ``notify`` contract.  The etcd3/gRPC machinery runs in
+threads, and so do this coordinator's lease keepalive and watch.  Those
+threads never call into broker or node code.  They only call the plain
+``notify(event)`` callable given at construction, with a ``CoordinatorEvent``
+saying *why* the node should run a decision cycle soon.  ``notify`` must be
+thread-safe, must not block and must not raise: hand the event to the node's
+own thread (a queue, a proton ``EventInjector``, ``call_soon_threadsafe``) and
+return.  All other methods are blocking etcd calls bounded by
+``request_timeout``; the node loop calls them from one thread of its own, not
+from the proton reactor thread, and they raise ``CoordinatorError`` when etcd
+cannot do what was asked.
+
+The lease.  One lease per node carries its member key and, when it leads, the
+leader key.  A keepalive thread refreshes it about every TTL/3 and records the
+monotonic time at which each *confirmed* refresh was sent.  etcd restarts the
+TTL when it receives the refresh, which is later, so ``confirmed + TTL`` is a
+lower bound for the server-side expiry.  ``lease_confirmed_within(age)`` tells
+whether that bound is still at least ``TTL - age`` ahead; a primary uses
+``safe_lease_age`` (TTL minus ``lease_margin``) and steps down as soon as it is
+false, before any other node can win the key.  Each keepalive call gets a
+deadline, so a hung etcd cannot delay that moment; when it passes, ``notify``
+gets ``LEASE_UNCONFIRMED``.  If etcd answers that the lease is gone, ``notify``
+gets ``LEASE_LOST`` and the next ``publish_status`` takes a fresh lease.
+``revoke_lease`` on graceful stop frees both keys at once, so a successor does
+not wait a TTL.
+
+Why some calls bypass the client's helpers: etcd3 0.12 applies one timeout to
+every call and its watcher thread cannot be stopped, so lease keepalive uses
+the generated gRPC stub with a per-call deadline, and the watch runs its own
+stream in a thread this class stops on ``close()``.  etcd3 0.12 talks to a
+single endpoint.
+"""
+
+from __future__ import annotations
+
+import os
+
+# etcd3 0.12 ships protobuf 3 generated code, which the C++/upb runtimes of
+# newer protobuf releases reject; the pure-Python runtime always loads it.
+os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
+
+import threading  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from enum import StrEnum  # noqa: E402
+from typing import Protocol  # noqa: E402
+from urllib.parse import urlsplit  # noqa: E402
+
+import grpc  # noqa: E402
+import structlog  # noqa: E402
+
+with warnings.catch_warnings():
+    # etcd3 0.12's generated code calls protobuf descriptor functions that
+    # protobuf deprecates: import-time noise in every test run, nothing to fix here.
+    warnings.filterwarnings("ignore", "Call to deprecated create function", DeprecationWarning)
+    import etcd3
+    import etcd3.exceptions
+    import etcd3.transactions as txn
+    from etcd3 import etcdrpc
+    from etcd3.utils import increment_last_byte
+
+from hastandby.lifecycle.cluster import (  # noqa: E402
+    ClusterKeys,
+    ClusterSnapshot,
+    Leader,
+    Member,
+    decode_handover,
+    decode_leader,
+    decode_member,
+    encode_handover,
+    encode_leader,
+    encode_member,
+)
+from hastandby.lifecycle.states import NodeStatus  # noqa: E402
+
+log = structlog.get_logger(__name__)
+
+#: Shortest lease etcd grants with its default 1000 ms election timeout.
+MIN_LEASE_TTL = 2
+# gRPC's default reconnect backoff grows to 120 s; after an etcd outage the
+# node must see etcd again within about a second.
+_GRPC_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+class CoordinatorEvent(StrEnum):
+    """Why ``notify`` was called: each means "run a decision cycle soon"."""
+
+    #: Something under the cluster prefix changed, or a (re)established watch
+    #: may have missed changes.
+    CLUSTER_CHANGED = "cluster_changed"
+    #: No refresh was confirmed within the safe lease age.
+    LEASE_UNCONFIRMED = "lease_unconfirmed"
+    #: etcd says the lease no longer exists.
+    LEASE_LOST = "lease_lost"
+
+
+Notify = Callable[[CoordinatorEvent], None]
+
+
+class CoordinatorError(Exception):
+    """etcd could not do what was asked: unreachable, timed out or refused."""
+
+
+class Coordinator(Protocol):
+    """What the node loop needs from the cluster store."""
+
+    @property
+    def safe_lease_age(self) -> float:
+        """Seconds after the last confirmed refresh at which the lease counts as lost."""
+        ...
+
+    def publish_status(self, status: NodeStatus) -> None:
+        """Write this node's member key (url and state) under its lease,
+        taking a fresh lease first if there is none."""
+        ...
+
+    def read_snapshot(self) -> ClusterSnapshot:
+        """Leader, members and handover target, read at one revision."""
+        ...
+
+    def campaign(self) -> int | None:
+        """Create the leader key under this node's lease if there is none and
+        the handover target is absent or this node; return the new term, or
+        None if another node leads or the handover names someone else."""
+        ...
+
+    def resign(self, term: int) -> bool:
+        """Delete the leader key if its term is ``term``; True if deleted."""
+        ...
+
+    def set_handover(self, target: str, ttl: int) -> None:
+        """Name the node that alone may campaign next, for ``ttl`` seconds."""
+        ...
+
+    def clear_handover(self) -> None:
+        """Remove the handover target."""
+        ...
+
+    def watch(self) -> bool:
+        """Start calling ``notify(CLUSTER_CHANGED)`` on changes to the cluster;
+        True if the watch is already established."""
+        ...
+
+    def lease_confirmed_within(self, seconds: float) -> bool:
+        """True if a lease refresh sent at most ``seconds`` ago was confirmed."""
+        ...
+
+    def last_lease_confirmation(self) -> float | None:
+        """``time.monotonic()`` at which the last confirmed refresh was sent."""
+        ...
+
+    def revoke_lease(self) -> None:
+        """Graceful stop: drop the lease, and with it every key it carries."""
+        ...
+
+    def close(self) -> None:
+        """Stop the threads and the connection; a lease not revoked expires."""
+        ...
+
+
+@dataclass
+class _Lease:
+    """The current lease; fields change under ``EtcdCoordinator._lock``."""
+
+    id: int
+    ttl: int  # as granted: etcd may raise a short TTL
+    confirmed_at: float  # monotonic send time of the last confirmed grant/refresh
+    refresh_due: float
+    unconfirmed_reported: bool = False
+    refresh_failing: bool = False  # log a failing etcd once, not every retry
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, grpc.RpcError) and hasattr(error, "code"):
+        return f"{error.code().name}: {error.details()}"
+    return str(error) or type(error).__name__
+
+
+def _is_not_found(error: BaseException) -> bool:
+    return (
+        isinstance(error, grpc.RpcError)
+        and hasattr(error, "code")
+        and error.code() is grpc.StatusCode.NOT_FOUND
+    )
+
+
+@contextmanager
+def _etcd(what: str) -> Iterator[None]:
+    try:
+        yield
+    except (etcd3.exceptions.Etcd3Exception, grpc.RpcError) as error:
+        raise CoordinatorError(f"etcd {what} failed: {_describe(error)}") from error
+
+
+class EtcdCoordinator:
+    """``Coordinator`` on etcd v3 (etcd3 0.12 client).
+
+    ``endpoint``: ``http://host:port`` of one etcd server.  ``lease_ttl``:
+    requested lease TTL in whole seconds (etcd may grant more).
+    ``lease_margin``: how long before the earliest possible server-side
+    expiry a primary must already have stepped down; it must cover the
+    node loop's reaction, excluding clients, and clock-rate differences.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        cluster: str,
+        node_id: str,
+        url: str,
+        notify: Notify,
+        *,
+        lease_ttl: int = 5,
+        lease_margin: float = 1.5,
+        request_timeout: float = 1.0,
+    ) -> None:
+        if lease_ttl < MIN_LEASE_TTL:
+            raise ValueError(f"lease_ttl must be at least {MIN_LEASE_TTL} s")
+        if not 0 < lease_margin < lease_ttl * 2 / 3:
+            raise ValueError("lease_margin must be positive and leave at least TTL/3 of safe age")
+        if request_timeout <= 0:
+            raise ValueError("request_timeout must be positive")
+        parts = urlsplit(endpoint if "//" in endpoint else f"http://{endpoint}")
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"etcd endpoint must be http://host:port, not {endpoint!r}")
+        self.node_id = node_id
+        self.url = url
+        self._keys = ClusterKeys(cluster)
+        self._keys.member(node_id)  # validates the id
+        self._notify = notify
+        self._requested_ttl = lease_ttl
+        self._margin = lease_margin
+        self._timeout = request_timeout
+        self._retry_interval = min(0.5, lease_ttl / 6)
+        self._client = etcd3.client(
+            parts.hostname, parts.port or 2379, timeout=request_timeout, grpc_options=_GRPC_OPTIONS
+        )
+        self._lock = threading.Lock()
+        self._lease: _Lease | None = None
+        self._stop = threading.Event()
+        self._lease_changed = threading.Event()
+        self._keepalive_thread: threading.Thread | None = None
+        self._watch_thread: threading.Thread | None = None
+        self._watch_call: grpc.RpcContext | None = None
+        self._watch_established = threading.Event()
+        self._log = log.bind(cluster=cluster, node=node_id)
+
+    # -- lease ---------------------------------------------------------------
+
+    @property
+    def safe_lease_age(self) -> float:
+        with self._lock:
+            ttl = self._lease.ttl if self._lease else self._requested_ttl
+        return ttl - self._margin
+
+    def lease_confirmed_within(self, seconds: float) -> bool:
+        confirmed = self.last_lease_confirmation()
+        return confirmed is not None and time.monotonic() - confirmed <= seconds
+
+    def last_lease_confirmation(self) -> float | None:
+        with self._lock:
+            return self._lease.confirmed_at if self._lease else None
+
+    def revoke_lease(self) -> None:
+        with self._lock:
+            lease, self._lease = self._lease, None
+        if lease is None:
+            return
+        try:
+            with _etcd("revoke lease"):
+                self._client.revoke_lease(lease.id)
+        except CoordinatorError as error:
+            if not _is_not_found(error.__cause__):
+                raise
+        self._log.info("lease revoked", lease=lease.id)
+
+    def _current_lease(self) -> _Lease:
+        with self._lock:
+            if self._lease is None:
+                raise CoordinatorError("no lease: publish_status() first")
+            return self._lease
+
+    def _ensure_lease(self) -> _Lease:
+        with self._lock:
+            if self._lease is not None:
+                return self._lease
+        sent = time.monotonic()
+        with _etcd("grant lease"):
+            granted = self._client.lease(self._requested_ttl)
+        lease = _Lease(granted.id, granted.ttl, sent, sent + granted.ttl / 3)
+        with self._lock:
+            self._lease = lease
+        self._log.info("lease granted", lease=lease.id, ttl=lease.ttl)
+        self._start_thread("_keepalive_thread", self._keepalive_loop, "keepalive")
+        self._lease_changed.set()
+        return lease
+
+    def _keepalive_loop(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                lease = self._lease
+            if lease is None:
+                self._lease_changed.wait()
+                self._lease_changed.clear()
+                continue
+            now = time.monotonic()
+            with self._lock:
+                unconfirmed_at = lease.confirmed_at + lease.ttl - self._margin
+                report = now >= unconfirmed_at and not lease.unconfirmed_reported
+                lease.unconfirmed_reported |= report
+                refresh_due = lease.refresh_due
+                wake_at = refresh_due if lease.unconfirmed_reported else min(refresh_due, unconfirmed_at)
+            if report:
+                self._log.warning("lease not confirmed within safe age", lease=lease.id)
+                self._tell(CoordinatorEvent.LEASE_UNCONFIRMED)
+            if now >= refresh_due:
+                self._refresh(lease, unconfirmed_at - now)
+            elif now < wake_at:
+                self._lease_changed.wait(wake_at - now)
+                self._lease_changed.clear()
+
+    def _refresh(self, lease: _Lease, until_unconfirmed: float) -> None:
+        # Never wait past the moment the lease would count as unconfirmed.
+        deadline = self._timeout if until_unconfirmed <= 0 else min(self._timeout, until_unconfirmed)
+        sent = time.monotonic()
+        try:
+            ttl = self._keepalive_once(lease.id, max(deadline, 0.05))
+        except grpc.RpcError as error:
+            with self._lock:
+                lease.refresh_due = sent + self._retry_interval
+                first_failure, lease.refresh_failing = not lease.refresh_failing, True
+            report = self._log.warning if first_failure else self._log.debug
+            report("lease refresh failing", lease=lease.id, error=_describe(error))
+            return
+        if ttl <= 0:
+            with self._lock:
+                current = self._lease is lease
+                if current:
+                    self._lease = None
+            if current:  # not merely revoked by revoke_lease() meanwhile
+                self._log.warning("lease expired", lease=lease.id)
+                self._tell(CoordinatorEvent.LEASE_LOST)
+            return
+        with self._lock:
+            recovered = lease.refresh_failing
+            lease.confirmed_at = sent
+            lease.refresh_due = sent + lease.ttl / 3
+            lease.unconfirmed_reported = lease.refresh_failing = False
+        if recovered:
+            self._log.info("lease confirmed again", lease=lease.id)
+
+    def _keepalive_once(self, lease_id: int, deadline: float) -> int:
+        """One keepalive round trip; the TTL etcd reports (0: lease gone)."""
+        request = etcdrpc.LeaseKeepAliveRequest(ID=lease_id)
+        for response in self._client.leasestub.LeaseKeepAlive(iter([request]), deadline):
+            return int(response.TTL)
+        return 0
+
+    # -- membership, election, handover -------------------------------------
+
+    def publish_status(self, status: NodeStatus) -> None:
+        value = encode_member(self.url, status)
+        lease = self._ensure_lease()
+        try:
+            with _etcd("publish status"):
+                self._client.put(self._keys.member(self.node_id), value, lease=lease.id)
+        except CoordinatorError as error:
+            if not _is_not_found(error.__cause__):
+                raise
+            with self._lock:  # the lease expired under us: take a new one, once
+                if self._lease is lease:
+                    self._lease = None
+            lease = self._ensure_lease()
+            with _etcd("publish status"):
+                self._client.put(self._keys.member(self.node_id), value, lease=lease.id)
+        self._log.debug("status published", status=str(status))
+
+    def read_snapshot(self) -> ClusterSnapshot:
+        with _etcd("read snapshot"):
+            response = self._client.get_prefix_response(self._keys.prefix)
+        leader: Leader | None = None
+        members: list[Member] = []
+        handover: str | None = None
+        for kv in response.kvs:
+            key = kv.key.decode()
+            try:
+                if key == self._keys.leader:
+                    leader = decode_leader(kv.value, kv.create_revision)
+                elif key == self._keys.handover:
+                    handover = decode_handover(kv.value)
+                elif key.startswith(self._keys.members):
+                    members.append(decode_member(key[len(self._keys.members):], kv.value))
+            except ValueError as error:
+                if not key.startswith(self._keys.members):
+                    # Election and handover cannot be decided around a bad control key.
+                    raise CoordinatorError(str(error)) from error
+                self._log.warning("ignoring unreadable member key", key=key, error=str(error))
+        members.sort(key=lambda member: member.node_id)
+        return ClusterSnapshot(response.header.revision, leader, tuple(members), handover)
+
+    def campaign(self) -> int | None:
+        lease = self._current_lease()
+        leader_key, handover_key = self._keys.leader, self._keys.handover
+        leader_value = encode_leader(self.node_id, self.url)
+        claim = [txn.Put(leader_key, leader_value, lease.id), txn.Get(leader_key)]
+        with _etcd("campaign"):
+            won, responses = self._client.transaction(
+                compare=[txn.Create(leader_key) == 0, txn.Version(handover_key) == 0],
+                success=claim,
+                failure=[txn.Get(leader_key), txn.Get(handover_key)],
+            )
+            if not won:
+                current_leader, handover = responses
+                if current_leader or not self._handover_names_me(handover[0][0]):
+                    return None
+                # The handover names this node: claim only if it still does.
+                handover_revision = handover[0][1].mod_revision
+                won, responses = self._client.transaction(
+                    compare=[txn.Create(leader_key) == 0, txn.Mod(handover_key) == handover_revision],
+                    success=claim,
+                    failure=[],
+                )
+                if not won:
+                    return None
+        term = int(responses[1][0][1].create_revision)
+        self._log.info("won election", term=term)
+        return term
+
+    def _handover_names_me(self, value: bytes) -> bool:
+        try:
+            return decode_handover(value) == self.node_id
+        except ValueError as error:
+            raise CoordinatorError(str(error)) from error
+
+    def resign(self, term: int) -> bool:
+        with _etcd("resign"):
+            deleted, _ = self._client.transaction(
+                compare=[txn.Create(self._keys.leader) == term],
+                success=[txn.Delete(self._keys.leader)],
+                failure=[],
+            )
+        self._log.info("resigned" if deleted else "nothing to resign", term=term)
+        return bool(deleted)
+
+    def set_handover(self, target: str, ttl: int) -> None:
+        self._keys.member(target)  # validates the id
+        with _etcd("set handover"):
+            lease = self._client.lease(ttl)
+            self._client.put(self._keys.handover, encode_handover(target), lease=lease.id)
+        self._log.info("handover set", target=target, ttl=lease.ttl)
+
+    def clear_handover(self) -> None:
+        with _etcd("clear handover"):
+            self._client.delete(self._keys.handover)
+        self._log.info("handover cleared")
+
+    # -- watch ---------------------------------------------------------------
+
+    def watch(self) -> bool:
+        self._start_thread("_watch_thread", self._watch_loop, "watch")
+        return self._watch_established.wait(self._timeout)
+
+    def _watch_loop(self) -> None:
+        stub = etcdrpc.WatchStub(self._client.channel)
+        prefix = self._keys.prefix.encode()
+        create = etcdrpc.WatchRequest(
+            create_request=etcdrpc.WatchCreateRequest(key=prefix, range_end=increment_last_byte(prefix))
+        )
+        while not self._stop.is_set():
+            ended = threading.Event()
+            call = stub.Watch(self._watch_requests(create, ended))
+            with self._lock:
+                self._watch_call = call
+                if self._stop.is_set():  # close() may have missed this call
+                    call.cancel()
+            try:
+                for response in call:
+                    if response.created:
+                        self._watch_established.set()
+                        self._log.info("watch established")
+                    if response.created or response.events:
+                        # A new watch may have missed changes; tell the node either way.
+                        self._tell(CoordinatorEvent.CLUSTER_CHANGED)
+                    if response.canceled:
+                        break
+            except grpc.RpcError as error:
+                if not self._stop.is_set():
+                    report = self._log.warning if self._watch_established.is_set() else self._log.debug
+                    report("watch broken", error=_describe(error))
+            finally:
+                ended.set()
+                self._watch_established.clear()
+            self._stop.wait(self._retry_interval)
+
+    def _watch_requests(
+        self, create: etcdrpc.WatchRequest, ended: threading.Event
+    ) -> Iterator[etcdrpc.WatchRequest]:
+        # etcd ends a watch stream when the client half-closes it, so keep the
+        # request side open until this stream is over.
+        yield create
+        ended.wait()
+
+    # -- plumbing ------------------------------------------------------------
+
+    def _start_thread(self, attribute: str, target: Callable[[], None], role: str) -> None:
+        with self._lock:
+            if getattr(self, attribute) is not None or self._stop.is_set():
+                return
+            thread = threading.Thread(target=target, name=f"etcd-{role}-{self.node_id}", daemon=True)
+            setattr(self, attribute, thread)
+        thread.start()
+
+    def _tell(self, event: CoordinatorEvent) -> None:
+        try:
+            self._notify(event)
+        except Exception:  # noqa: BLE001 - a broken callback must not kill this thread
+            self._log.exception("notify callback failed", event=str(event))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._lease_changed.set()
+        with self._lock:
+            call = self._watch_call
+        if call is not None:
+            call.cancel()
+        for thread in (self._keepalive_thread, self._watch_thread):
+            if thread is not None:
+                thread.join(self._timeout + 1)
+        self._client.close()
+        self._log.debug("coordinator closed")

@@ -1,0 +1,191 @@
+"""One decision per cycle: what this node should do about the cluster.
+
+After Patroni's ``ha.py`` run cycle: the node loop reads a snapshot of the
+cluster from etcd, calls ``decide()``, carries out the one decision it gets
+back, and goes round again (on every coordinator notification and at least
+every loop period).  ``decide`` is pure, so every rule below is unit-tested
+without etcd.  The decision's ``reason`` is meant for the log.
+
+Rules, in the order they are applied:
+
+1. A primary that cannot confirm its lease within the safe age (TTL minus a
+   margin) steps down (``lost_lease``) *before* the lease can have expired on
+   the server, whether or not etcd can be read.  So does a primary that does
+   not hold the leader key under its own term.
+2. A primary hands over (``demoted``) when the handover target is a
+   ``backup``; it clears a handover that names itself.
+3. A node whose member key is missing or out of date publishes it first.
+4. With a leader: a non-primary follows it; a leader key in this node's own
+   name that this node does not act on (left by a crashed previous run) is
+   removed so the others need not wait a TTL.
+5. Without a leader: while a handover target is set only the target may
+   campaign; a node whose lease is not confirmed does not campaign; a
+   ``backup`` campaigns; a ``connecting`` node campaigns only if every member
+   is ``connecting`` (a brand-new cluster, where the etcd transaction lets
+   exactly one win); a ``catchup`` node never campaigns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hastandby.lifecycle.cluster import ClusterSnapshot, Leader
+from hastandby.lifecycle.states import Event, NodeStatus, State
+
+
+@dataclass(frozen=True)
+class Stay:
+    """Nothing to do this cycle."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class PublishMember:
+    """Write this node's member key (``Coordinator.publish_status``)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Campaign:
+    """Try to create the leader key (``Coordinator.campaign``).
+
+    On success fire ``won_event`` with the term the coordinator returned.
+    """
+
+    new_cluster: bool
+    reason: str
+
+    @property
+    def won_event(self) -> Event:
+        return Event.WON_ELECTION_NEW_CLUSTER if self.new_cluster else Event.WON_ELECTION
+
+
+@dataclass(frozen=True)
+class FollowLeader:
+    """Replicate from ``leader.url``, accepting only ``leader.term``."""
+
+    leader: Leader
+    reason: str
+
+
+@dataclass(frozen=True)
+class StepDown:
+    """Stop being primary: fire ``event`` (its actions exclude clients first)."""
+
+    event: Event
+    reason: str
+
+
+@dataclass(frozen=True)
+class RemoveStaleLeaderKey:
+    """Delete the leader key if it still has ``term`` (``Coordinator.resign``)."""
+
+    term: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ClearHandover:
+    """Delete the handover key (``Coordinator.clear_handover``)."""
+
+    reason: str
+
+
+Decision = Stay | PublishMember | Campaign | FollowLeader | StepDown | RemoveStaleLeaderKey | ClearHandover
+
+_CLUSTER_STATES = (State.CONNECTING, State.CATCHUP, State.BACKUP, State.PRIMARY)
+
+
+def decide(
+    me: str,
+    status: NodeStatus,
+    snapshot: ClusterSnapshot | None,
+    lease_confirmed: bool,
+    following: Leader | None = None,
+) -> Decision:
+    """The one thing node ``me`` should do now.
+
+    ``snapshot`` is None when etcd could not be read this cycle.
+    ``lease_confirmed`` is ``Coordinator.lease_confirmed_within(safe age)``.
+    ``following`` is the leader the node's replication currently points at.
+    """
+    if status.state not in _CLUSTER_STATES:
+        raise ValueError(f"decide() is for cluster members, not a {status.state} node")
+    if status.state is State.PRIMARY:
+        return _decide_as_primary(me, status, snapshot, lease_confirmed)
+    return _decide_as_non_primary(me, status, snapshot, lease_confirmed, following)
+
+
+def _member_outdated(me: str, status: NodeStatus, snapshot: ClusterSnapshot) -> str | None:
+    published = snapshot.member(me)
+    if published is None:
+        return "member key missing"
+    if (published.state, published.detail) != status.phase:
+        return f"member key says {published.state}, node is {status.state}"
+    return None
+
+
+def _decide_as_primary(
+    me: str, status: NodeStatus, snapshot: ClusterSnapshot | None, lease_confirmed: bool
+) -> Decision:
+    if not lease_confirmed:
+        return StepDown(Event.LOST_LEASE, "lease not confirmed within the safe age")
+    if snapshot is None:
+        return Stay("etcd unreadable, lease still confirmed")
+    leader = snapshot.leader
+    if leader is None:
+        return StepDown(Event.LOST_LEASE, "leader key gone")
+    if leader.node_id != me or leader.term != status.term:
+        return StepDown(
+            Event.LOST_LEASE, f"leader key held by {leader.node_id} term {leader.term}"
+        )
+    target = snapshot.handover_target
+    if target == me:
+        return ClearHandover("handover target is already primary")
+    if target is not None:
+        candidate = snapshot.member(target)
+        if candidate is not None and candidate.state is State.BACKUP:
+            return StepDown(Event.DEMOTED, f"handing over to {target}")
+    outdated = _member_outdated(me, status, snapshot)
+    if outdated:
+        return PublishMember(outdated)
+    if target is not None:
+        return Stay(f"handover target {target} is not a ready backup")
+    return Stay("holding the leader key")
+
+
+def _decide_as_non_primary(
+    me: str,
+    status: NodeStatus,
+    snapshot: ClusterSnapshot | None,
+    lease_confirmed: bool,
+    following: Leader | None,
+) -> Decision:
+    if snapshot is None:
+        return Stay("etcd unreadable")
+    outdated = _member_outdated(me, status, snapshot)
+    if outdated:
+        return PublishMember(outdated)
+    leader = snapshot.leader
+    if leader is not None:
+        if leader.node_id == me:
+            return RemoveStaleLeaderKey(leader.term, "leader key in my name but I am not primary")
+        if leader.term < status.term:
+            return Stay(f"leader term {leader.term} older than term {status.term} seen")
+        if leader == following:
+            return Stay(f"following {leader.node_id}")
+        return FollowLeader(leader, f"{leader.node_id} leads in term {leader.term}")
+    target = snapshot.handover_target
+    if target is not None and target != me:
+        return Stay(f"no leader; waiting for handover to {target}")
+    if not lease_confirmed:
+        return Stay("no leader, but my lease is not confirmed: a win would not last")
+    if status.state is State.BACKUP:
+        return Campaign(False, "no leader and I am a caught-up backup")
+    if status.state is State.CONNECTING and snapshot.every_member_connecting():
+        return Campaign(True, "no leader and every member is connecting: new cluster")
+    if status.state is State.CATCHUP:
+        return Stay("no leader; still catching up, not eligible")
+    return Stay("no leader; waiting for a caught-up backup to win")

@@ -1,0 +1,228 @@
+"""The decision rules of one node-loop cycle, on hand-built snapshots (no I/O)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hastandby.lifecycle.cluster import ClusterSnapshot, Leader, Member
+from hastandby.lifecycle.decide import (
+    Campaign,
+    ClearHandover,
+    FollowLeader,
+    PublishMember,
+    RemoveStaleLeaderKey,
+    Stay,
+    StepDown,
+    decide,
+)
+from hastandby.lifecycle.states import Detail, Event, NodeStatus, State
+
+ME = "n1"
+ACTIVE = NodeStatus(State.PRIMARY, Detail.ACTIVE, 10)
+BACKUP = NodeStatus(State.BACKUP, term=10)
+CATCHUP = NodeStatus(State.CATCHUP, term=10)
+CONNECTING = NodeStatus(State.CONNECTING)
+
+
+def member(node_id: str, state: State, detail: Detail | None = None) -> Member:
+    return Member(node_id, f"amqp://{node_id}", state, detail)
+
+
+def leader(node_id: str, term: int = 10) -> Leader:
+    return Leader(node_id, f"amqp://{node_id}", term)
+
+
+def snapshot(
+    *members: Member, leader: Leader | None = None, handover: str | None = None
+) -> ClusterSnapshot:
+    return ClusterSnapshot(42, leader, tuple(members), handover)
+
+
+def me_as(status: NodeStatus) -> Member:
+    return member(ME, status.state, status.detail)
+
+
+# -- a primary --------------------------------------------------------------
+
+
+def test_primary_holding_its_key_stays() -> None:
+    cluster = snapshot(me_as(ACTIVE), member("n2", State.BACKUP), leader=leader(ME))
+    assert isinstance(decide(ME, ACTIVE, cluster, lease_confirmed=True), Stay)
+
+
+@pytest.mark.parametrize("readable", [True, False])
+def test_primary_with_unconfirmed_lease_steps_down_even_if_etcd_is_unreadable(readable: bool) -> None:
+    cluster = snapshot(me_as(ACTIVE), leader=leader(ME)) if readable else None
+    decision = decide(ME, ACTIVE, cluster, lease_confirmed=False)
+    assert isinstance(decision, StepDown) and decision.event is Event.LOST_LEASE
+
+
+def test_primary_with_confirmed_lease_rides_out_an_unreadable_etcd() -> None:
+    assert isinstance(decide(ME, ACTIVE, None, lease_confirmed=True), Stay)
+
+
+@pytest.mark.parametrize(
+    "current_leader",
+    [None, leader("n2", term=11), leader(ME, term=9)],
+    ids=["key gone", "another node", "my name, older term"],
+)
+def test_primary_not_holding_the_key_under_its_term_steps_down(current_leader: Leader | None) -> None:
+    cluster = snapshot(me_as(ACTIVE), member("n2", State.BACKUP), leader=current_leader)
+    decision = decide(ME, ACTIVE, cluster, lease_confirmed=True)
+    assert isinstance(decision, StepDown) and decision.event is Event.LOST_LEASE
+
+
+def test_primary_hands_over_to_a_ready_backup() -> None:
+    cluster = snapshot(me_as(ACTIVE), member("n2", State.BACKUP), leader=leader(ME), handover="n2")
+    decision = decide(ME, ACTIVE, cluster, lease_confirmed=True)
+    assert isinstance(decision, StepDown) and decision.event is Event.DEMOTED
+    assert "n2" in decision.reason
+
+
+@pytest.mark.parametrize("target_state", [State.CATCHUP, State.CONNECTING, None])
+def test_primary_keeps_the_key_while_the_handover_target_is_not_ready(target_state: State | None) -> None:
+    others = (member("n2", target_state),) if target_state else ()
+    cluster = snapshot(me_as(ACTIVE), *others, leader=leader(ME), handover="n2")
+    decision = decide(ME, ACTIVE, cluster, lease_confirmed=True)
+    assert isinstance(decision, Stay) and "not a ready backup" in decision.reason
+
+
+def test_new_primary_clears_the_handover_that_named_it() -> None:
+    cluster = snapshot(me_as(ACTIVE), leader=leader(ME), handover=ME)
+    assert isinstance(decide(ME, ACTIVE, cluster, lease_confirmed=True), ClearHandover)
+
+
+def test_primary_republishes_an_outdated_member_key() -> None:
+    recovering = NodeStatus(State.PRIMARY, Detail.RECOVERING, 10)
+    cluster = snapshot(me_as(recovering), leader=leader(ME))
+    assert isinstance(decide(ME, ACTIVE, cluster, lease_confirmed=True), PublishMember)
+
+
+# -- non-primaries -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [CONNECTING, CATCHUP, BACKUP], ids=str)
+def test_missing_member_key_is_published_first(status: NodeStatus) -> None:
+    cluster = snapshot(member("n2", State.PRIMARY, Detail.ACTIVE), leader=leader("n2"))
+    assert isinstance(decide(ME, status, cluster, lease_confirmed=False), PublishMember)
+
+
+def test_outdated_member_key_is_published() -> None:
+    cluster = snapshot(member(ME, State.CATCHUP), leader=leader("n2"))
+    decision = decide(ME, BACKUP, cluster, lease_confirmed=True)
+    assert isinstance(decision, PublishMember) and "catchup" in decision.reason
+
+
+@pytest.mark.parametrize("status", [CONNECTING, CATCHUP, BACKUP], ids=str)
+def test_non_primary_follows_the_leader(status: NodeStatus) -> None:
+    cluster = snapshot(me_as(status), member("n2", State.PRIMARY, Detail.ACTIVE), leader=leader("n2", 12))
+    decision = decide(ME, status, cluster, lease_confirmed=True)
+    assert isinstance(decision, FollowLeader) and decision.leader == leader("n2", 12)
+    assert isinstance(decide(ME, status, cluster, lease_confirmed=True, following=leader("n2", 12)), Stay)
+
+
+def test_a_new_leader_term_is_followed_even_on_the_same_node() -> None:
+    cluster = snapshot(me_as(BACKUP), leader=leader("n2", 12))
+    decision = decide(ME, BACKUP, cluster, lease_confirmed=True, following=leader("n2", 10))
+    assert isinstance(decision, FollowLeader) and decision.leader.term == 12
+
+
+def test_a_leader_older_than_the_term_seen_is_not_followed() -> None:
+    cluster = snapshot(me_as(BACKUP), leader=leader("n2", 9))
+    assert isinstance(decide(ME, BACKUP, cluster, lease_confirmed=True), Stay)
+
+
+@pytest.mark.parametrize("status", [CONNECTING, CATCHUP, BACKUP], ids=str)
+def test_a_leader_key_in_my_name_that_i_do_not_act_on_is_removed(status: NodeStatus) -> None:
+    cluster = snapshot(me_as(status), leader=leader(ME, 11))
+    decision = decide(ME, status, cluster, lease_confirmed=True)
+    assert isinstance(decision, RemoveStaleLeaderKey) and decision.term == 11
+
+
+def test_non_primary_waits_when_etcd_is_unreadable() -> None:
+    assert isinstance(decide(ME, BACKUP, None, lease_confirmed=True), Stay)
+
+
+# -- elections -----------------------------------------------------------------
+
+
+def test_backup_campaigns_when_there_is_no_leader() -> None:
+    cluster = snapshot(me_as(BACKUP), member("n2", State.CATCHUP))
+    decision = decide(ME, BACKUP, cluster, lease_confirmed=True)
+    assert isinstance(decision, Campaign) and not decision.new_cluster
+    assert decision.won_event is Event.WON_ELECTION
+
+
+def test_catchup_never_campaigns() -> None:
+    cluster = snapshot(me_as(CATCHUP), member("n2", State.CATCHUP))
+    decision = decide(ME, CATCHUP, cluster, lease_confirmed=True)
+    assert isinstance(decision, Stay) and "catching up" in decision.reason
+
+
+def test_every_member_connecting_means_a_new_cluster_and_all_campaign() -> None:
+    members = [member(n, State.CONNECTING) for n in ("n1", "n2", "n3")]
+    cluster = snapshot(*members)
+    for node in ("n1", "n2", "n3"):
+        decision = decide(node, CONNECTING, cluster, lease_confirmed=True)
+        assert isinstance(decision, Campaign) and decision.new_cluster
+        assert decision.won_event is Event.WON_ELECTION_NEW_CLUSTER
+
+
+@pytest.mark.parametrize("other", [State.CATCHUP, State.BACKUP])
+def test_connecting_node_waits_when_any_member_is_past_connecting(other: State) -> None:
+    cluster = snapshot(me_as(CONNECTING), member("n2", other))
+    assert isinstance(decide(ME, CONNECTING, cluster, lease_confirmed=True), Stay)
+
+
+def test_no_campaign_without_a_confirmed_lease() -> None:
+    cluster = snapshot(me_as(BACKUP))
+    decision = decide(ME, BACKUP, cluster, lease_confirmed=False)
+    assert isinstance(decision, Stay) and "lease" in decision.reason
+
+
+@pytest.mark.parametrize("status", [BACKUP, CONNECTING], ids=str)
+def test_other_nodes_do_not_campaign_while_a_handover_target_is_set(status: NodeStatus) -> None:
+    cluster = snapshot(me_as(status), member("n2", State.BACKUP), handover="n2")
+    decision = decide(ME, status, cluster, lease_confirmed=True)
+    assert isinstance(decision, Stay) and "handover to n2" in decision.reason
+
+
+def test_the_handover_target_campaigns() -> None:
+    cluster = snapshot(me_as(BACKUP), member("n2", State.BACKUP), handover=ME)
+    assert isinstance(decide(ME, BACKUP, cluster, lease_confirmed=True), Campaign)
+
+
+def test_a_catchup_handover_target_still_may_not_campaign() -> None:
+    cluster = snapshot(me_as(CATCHUP), handover=ME)
+    assert isinstance(decide(ME, CATCHUP, cluster, lease_confirmed=True), Stay)
+
+
+# -- whole-cluster properties ------------------------------------------------------
+
+
+def test_in_any_leaderless_cluster_only_backups_or_a_new_cluster_campaign() -> None:
+    """Over every mix of member states, campaigners are exactly the eligible nodes."""
+    states = (State.CONNECTING, State.CATCHUP, State.BACKUP)
+    for a in states:
+        for b in states:
+            for c in states:
+                mix = {"n1": a, "n2": b, "n3": c}
+                cluster = snapshot(*(member(n, s) for n, s in mix.items()))
+                new_cluster = all(s is State.CONNECTING for s in mix.values())
+                for node, state in mix.items():
+                    decision = decide(node, NodeStatus(state), cluster, lease_confirmed=True)
+                    eligible = state is State.BACKUP or new_cluster
+                    assert isinstance(decision, Campaign) == eligible, (mix, node, decision)
+
+
+@pytest.mark.parametrize("state", [State.STANDALONE, State.STOPPED])
+def test_decide_is_only_for_cluster_members(state: State) -> None:
+    with pytest.raises(ValueError):
+        decide(ME, NodeStatus(state), snapshot(), lease_confirmed=True)
+
+
+def test_snapshot_term_check() -> None:
+    cluster = snapshot(leader=leader("n2", 12))
+    assert cluster.is_current_term(12)
+    assert not cluster.is_current_term(11)
+    assert not snapshot().is_current_term(12)
