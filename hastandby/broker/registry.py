@@ -70,6 +70,10 @@ def queue_settings(
 ) -> QueueSettings:
     """Validate a queue declaration's arguments into its settings."""
     args = {str(k): v for k, v in (arguments or {}).items()}
+    if exclusive and auto_delete and not args.get("qpid.auto_delete_timeout") and REPLICATE not in args:
+        # A private reply or subscription queue (Qpid's "temporary" queue) dies with
+        # its consumer; replicating it would only cost, unless asked for explicitly.
+        default_replicate = "none"
     policy = args.get("qpid.policy_type", "reject")
     if policy not in ("reject", "ring"):
         raise InvalidArgument(f"qpid.policy_type must be reject or ring, got {policy!r}")
@@ -149,8 +153,13 @@ class Registry:
         durable: bool = False,
         object_uuid: str | None = None,
         settings: QueueSettings | None = None,
+        require_alternate: bool = True,
     ) -> tuple[Queue, bool]:
-        """Create a queue if absent; returns (queue, created)."""
+        """Create a queue if absent; returns (queue, created).
+
+        ``require_alternate=False`` lets a replica name an alternate exchange
+        that has not arrived yet: routing looks alternates up by name anyway.
+        """
         if not name:
             raise InvalidArgument("a queue needs a name")
         if name in self.exchanges:
@@ -167,7 +176,7 @@ class Registry:
         existing = self.queues.get(name)
         if existing is not None:
             return existing, False
-        if settings.alternate_exchange and settings.alternate_exchange not in self.exchanges:
+        if require_alternate and settings.alternate_exchange and settings.alternate_exchange not in self.exchanges:
             raise NotFound(f"alternate exchange {settings.alternate_exchange!r} does not exist")
         queue = Queue(name, settings, object_uuid)
         self.queues[name] = queue
@@ -181,10 +190,14 @@ class Registry:
         queue, _ = self.declare_queue(TEMP_PREFIX + str(uuidlib.uuid4()), settings=settings)
         return queue
 
-    def delete_queue(self, name: str) -> None:
-        """Delete a queue; its messages go to its alternate exchange if it has one."""
+    def delete_queue(self, name: str, reroute: bool = True) -> None:
+        """Delete a queue; its messages go to its alternate exchange if it has one.
+
+        A replica deletes with ``reroute=False``: the primary's own reroutes
+        reach it through replication.
+        """
         queue = self.queue(name)
-        self._remove_queue(queue, reroute=True)
+        self._remove_queue(queue, reroute)
 
     def _remove_queue(self, queue: Queue, reroute: bool) -> None:
         if self.queues.get(queue.name) is not queue:
@@ -228,6 +241,7 @@ class Registry:
         alternate_exchange: str | None = None,
         durable: bool = False,
         object_uuid: str | None = None,
+        require_alternate: bool = True,
     ) -> tuple[Exchange, bool]:
         if not name:
             raise InvalidArgument("an exchange needs a name")
@@ -244,7 +258,7 @@ class Registry:
                 raise AlreadyExists(f"exchange {name!r} exists with type {existing.type}")
             return existing, False
         alternate = alternate_exchange or args.get("alternate-exchange")
-        if alternate and alternate not in self.exchanges:
+        if require_alternate and alternate and alternate not in self.exchanges:
             raise NotFound(f"alternate exchange {alternate!r} does not exist")
         exchange = Exchange(name, type, args, level, alternate, durable, object_uuid=object_uuid)
         self.exchanges[name] = exchange
