@@ -46,30 +46,45 @@ def main() -> None:
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), help="node id and durable wiring")
 @click.option("--log-format", type=click.Choice(["console", "json"]), default="console", show_default=True)
 @click.option("--log-level", default="info", show_default=True)
-@click.option("--replicate", type=click.Choice(LEVELS), default="none", show_default=True,
-              help="default qpid.replicate level of new queues and exchanges")
+@click.option("--replicate", type=click.Choice(LEVELS),
+              help="default qpid.replicate level of new queues and exchanges [none; all with --ha-cluster]")
 @click.option("--max-message-size", type=click.IntRange(min=0), default=64 * 1024 * 1024, show_default=True,
               help="largest message accepted, in bytes (0: no limit)")
 @click.option("--no-auto-create", is_flag=True, help="refuse links to unknown addresses instead of creating queues")
-@click.option("--heartbeat", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="idle timeout advertised to peers, seconds (0: off)")
-def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, replicate: str,
-          max_message_size: int, no_auto_create: bool, heartbeat: float) -> None:
+@click.option("--heartbeat", type=click.FloatRange(min=0),
+              help="idle timeout advertised to peers, seconds; 0 is off [0; 2 with --ha-cluster]")
+@click.option("--ha-cluster", is_flag=True, help="run as a member of a hot-standby cluster (starts connecting)")
+@click.option("--brokers-url", default="", help="every member's HOST:PORT, comma-separated")
+@click.option("--public-url", help="the HOST:PORT clients and peers know this node by (default: --listen)")
+@click.option("--backup-timeout", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="seconds a new primary waits for an expected backup to reconnect")
+@click.option("--client-redirect", is_flag=True,
+              help="a backup closes client connections with amqp:connection:redirect to the primary")
+def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, replicate: str | None,
+          max_message_size: int, no_auto_create: bool, heartbeat: float | None, ha_cluster: bool,
+          brokers_url: str, public_url: str | None, backup_timeout: float, client_redirect: bool) -> None:
     """Run a node until SIGINT/SIGTERM."""
     from . import logs
     from .node import Node, NodeConfig
 
     logs.configure(log_format, log_level)
+    if heartbeat is None:
+        heartbeat = 2.0 if ha_cluster else 0.0
     config = NodeConfig(
         listen=listen,
         data_dir=data_dir,
-        replicate=replicate,
+        replicate=replicate or ("all" if ha_cluster else "none"),
         max_message_size=max_message_size,
         auto_create=not no_auto_create,
         heartbeat=heartbeat,
     )
     try:
         node = Node(config)
+        if ha_cluster:
+            from .lifecycle.ha_node import HaConfig, HaNode
+
+            brokers = [b.strip() for b in brokers_url.split(",") if b.strip()]
+            HaNode(node, HaConfig(brokers, public_url, backup_timeout, client_redirect, heartbeat))
         node.run()
     except OSError as error:
         raise click.ClickException(f"cannot serve on {listen}: {error}") from None
@@ -211,22 +226,52 @@ def _format_query(result: dict[str, Any]) -> str:
     lines.append("Bindings:")
     for b in result.get("bindings", []):
         lines.append(f"  {b['exchange']} -> {b['queue']} key={b['key']!r}")
-    for section, value in result.items():
-        if section not in ("queues", "exchanges", "bindings"):
-            lines.append(f"{section}: {json.dumps(value, default=str)}")
+    ha = result.get("ha")
+    if ha:
+        lines.append(f"Cluster: this node is {ha['state']}, term {ha['term']}")
+        for member in ha.get("members", []):
+            lines.append(f"  {member.get('node_id')} {member.get('url')} {member.get('state')}")
+        for queue, per_backup in sorted(ha.get("lag", {}).items()):
+            lags = ", ".join(f"{backup}={lag}" for backup, lag in sorted(per_backup.items()))
+            lines.append(f"  lag {queue}: {lags}")
     return "\n".join(lines)
 
 
 @main.command()
 @_broker_option
 @click.option("--expect", help="exit 0 if the node's state is this word, else 1")
+@click.option("--is-primary", is_flag=True, help="exit 0 if the node is the primary, else 1")
+@click.option("--all", "every", is_flag=True, help="the state of every node of the node's brokers URL")
 @click.option("--json", "as_json", is_flag=True, help="print the whole status as JSON")
-def status(broker: str, expect: str | None, as_json: bool) -> None:
+def status(broker: str, expect: str | None, is_primary: bool, every: bool, as_json: bool) -> None:
     """Print the node's state word (standalone, connecting, catchup, backup, primary)."""
     result = _request(broker, "STATUS")
-    click.echo(json.dumps(result, indent=2, sort_keys=True, default=str) if as_json else result["state"])
+    if every:
+        for member in result.get("brokers") or [broker]:
+            try:
+                with ManagementClient(member, timeout=3) as client:
+                    state = client.request("STATUS")
+                line = f"{member} {state['state']}" + (f" ({state['detail']})" if state.get("detail") else "")
+            except ManagementError as error:
+                line = f"{member} unreachable: {error}"
+            click.echo(line)
+        return
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
+    else:
+        click.echo(result["state"] + (f" ({result['detail']})" if result.get("detail") else ""))
     if expect is not None and result["state"] != expect:
         sys.exit(1)
+    if is_primary and result["state"] != "primary":
+        sys.exit(1)
+
+
+@main.command()
+@_broker_option
+def promote(broker: str) -> None:
+    """Make a caught-up backup node the primary."""
+    result = _request(broker, "PROMOTE")
+    click.echo(f"{broker} is {result.get('state')}" + (f" (term {result['term']})" if "term" in result else ""))
 
 
 @main.command()

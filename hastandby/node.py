@@ -71,6 +71,9 @@ class Node:
         )
         self.handler.container_id = f"hastandby-{self.node_id}"
         self.driver = self.handler.driver
+        self.status_extras: list[Callable[[], dict[str, Any]]] = []
+        self.on_start: list[Callable[[], None]] = []
+        self.on_stop: list[Callable[[], None]] = []
         self._listener: Any = None
         self._stopping = False
         if config.data_dir is not None:
@@ -110,7 +113,7 @@ class Node:
 
     def status(self) -> dict[str, Any]:
         host, port = split_hostport(self.config.listen)
-        return {
+        status: dict[str, Any] = {
             "state": self.state,
             "node_id": self.node_id,
             "url": f"amqp://{host}:{port}",
@@ -120,6 +123,9 @@ class Node:
             "connections": len(self.handler.connections),
             "queues": len(self.registry.queues),
         }
+        for extra in self.status_extras:
+            status.update(extra())
+        return status
 
     # -- running -------------------------------------------------------------------
 
@@ -130,6 +136,8 @@ class Node:
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda *_: self.call_soon_threadsafe(self.stop))
         self.schedule(HOUSEKEEPING_INTERVAL, self._housekeeping)
+        for fn in self.on_start:
+            self.schedule(0.0, fn)
         log.info("node serving", url=f"amqp://{host}:{port}", state=self.state, node_id=self.node_id, pid=os.getpid())
         self.driver.run()
         log.info("node stopped", node_id=self.node_id)
@@ -140,6 +148,8 @@ class Node:
             return
         self._stopping = True
         log.info("node stopping", node_id=self.node_id)
+        for fn in self.on_stop:
+            fn()
         if self._listener is not None:
             self._listener.close()
         self.handler.close_all(Condition("amqp:connection:forced", "node shutting down"))

@@ -223,7 +223,7 @@ class Driver:
         self.collector = Collector()
         self._c_impl = self.collector._impl
         self.endpoints: dict[int, Any] = {}
-        self.handlers: dict[int, Any] = {}
+        self._pinned: dict[int, Any] = {}
         self.sockets: dict[int, Socket] = {}
         self.dirty: set[Socket] = set()
         self.out_buffer = ffi.new("char[]", IO_CHUNK)
@@ -238,15 +238,29 @@ class Driver:
     # -- registration ----------------------------------------------------------
 
     def register(self, link: Any, endpoint: Any) -> None:
-        """Route a link's deliveries and flow straight to ``endpoint``."""
-        self.endpoints[address_of(link._impl)] = endpoint
+        """Route a link's deliveries and flow straight to ``endpoint``.
+
+        The link wrapper is kept (pinned) while registered, so the C link
+        cannot be freed and its address given to another link meanwhile.
+        """
+        address = address_of(link._impl)
+        log.debug("register", link=link.name, address=hex(address), endpoint=type(endpoint).__name__)
+        self.endpoints[address] = endpoint
+        self._pinned[address] = link
 
     def unregister(self, link: Any) -> None:
-        self.endpoints.pop(address_of(link._impl), None)
+        address = address_of(link._impl)
+        self.endpoints.pop(address, None)
+        self._pinned.pop(address, None)
 
-    def set_handler(self, connection: Connection, handler: Any) -> None:
-        """Events of this connection go to ``handler`` instead of the driver's default."""
-        self.handlers[address_of(connection._impl)] = handler
+    @staticmethod
+    def set_handler(connection: Connection, handler: Any) -> None:
+        """Events of this connection go to ``handler`` instead of the driver's default.
+
+        Kept in the connection's own record, not in a table keyed by address:
+        a freed connection's address is soon another connection's.
+        """
+        connection.hs_handler = handler
 
     # -- sockets -----------------------------------------------------------------
 
@@ -412,14 +426,28 @@ class Driver:
                 wrapped = self.sockets.get(address_of(lib.pn_event_transport(event)))
                 if wrapped is not None:
                     self.dirty.add(wrapped)
+            elif kind == PN_TRANSPORT_CLOSED:
+                transport = lib.pn_event_transport(event)
+                wrapped = self.sockets.get(address_of(transport))
+                if wrapped is not None:
+                    wrapped.flush()
+                    wrapped.close()
+                self._dispatch(event)
+                self._unregister_links(lib.pn_transport_connection(transport))
             else:
-                if kind == PN_TRANSPORT_CLOSED:
-                    wrapped = self.sockets.get(address_of(lib.pn_event_transport(event)))
-                    if wrapped is not None:
-                        wrapped.flush()
-                        wrapped.close()
                 self._dispatch(event)
             pop(collector)
+
+    def _unregister_links(self, connection: Any) -> None:
+        """A closed transport's links get no more events: let go of their endpoints."""
+        if connection == ffi.NULL:
+            return
+        link = lib.pn_link_head(connection, 0)
+        while link != ffi.NULL:
+            address = address_of(link)
+            self.endpoints.pop(address, None)
+            self._pinned.pop(address, None)
+            link = lib.pn_link_next(link, 0)
 
     def _call_endpoint(self, endpoint: Any, method: Callable[..., None], *args: Any) -> None:
         try:
@@ -432,15 +460,11 @@ class Driver:
         event = Event.wrap(impl)
         connection = event.connection
         handler = self.handler
-        if connection is not None and self.handlers:
-            handler = self.handlers.get(address_of(connection._impl), handler)
+        if connection is not None:
+            handler = getattr(connection, "hs_handler", None) or handler
         method = getattr(handler, event.type.method, None)
         if method is not None:
             method(event)
-        if event.type.method == "on_link_final" and event.link is not None:
-            self.endpoints.pop(address_of(event.link._impl), None)  # the address may be reused
-        elif event.type.method == "on_connection_final" and connection is not None:
-            self.handlers.pop(address_of(connection._impl), None)
 
     def close_listeners(self, listeners: Iterable[_Listener]) -> None:
         for listener in listeners:

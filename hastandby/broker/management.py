@@ -23,6 +23,7 @@ from proton import Condition, Connection, Delivery, Link, Message
 from .errors import BrokerError, InvalidArgument, NotFound
 from .links import close_link
 from .registry import Registry
+from .values import plain
 
 ADDRESS = "$management"
 Operation = Callable[["Request"], tuple[int, Any]]
@@ -52,24 +53,7 @@ class Request:
         args = self.body.get("arguments") or {}
         if not isinstance(args, dict):
             raise InvalidArgument("'arguments' must be a map")
-        return {str(k): _plain(v) for k, v in args.items()}
-
-
-def _plain(value: Any) -> Any:
-    """Strip proton's typed wrappers (symbol, ulong, ...) so values compare and print plainly."""
-    if isinstance(value, bool) or value is None:
-        return value
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        return float(value)
-    if isinstance(value, str):
-        return str(value)
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+        return {str(k): plain(v) for k, v in args.items()}
 
 
 class Management:
@@ -78,6 +62,7 @@ class Management:
     def __init__(self, registry: Registry, status: Callable[[], dict[str, Any]]) -> None:
         self.registry = registry
         self.guards: list[Guard] = []
+        self.query_extras: dict[str, Callable[[], Any]] = {}
         self._operations: dict[str, Operation] = {
             "CREATE": self._create,
             "DELETE": self._delete,
@@ -173,7 +158,10 @@ class Management:
         return 200, {"purged": self.registry.queue(request.name).purge()}
 
     def query(self) -> dict[str, Any]:
-        return self.registry.describe()
+        result = self.registry.describe()
+        for section, extra in self.query_extras.items():
+            result[section] = extra()
+        return result
 
 
 class ManagementLink:

@@ -258,6 +258,23 @@ class Queue:
         """Restart a browser after ``after_id`` (0: from the front)."""
         self._browse_pos[id(browser)] = (after_id, 0)
 
+    def browsed_past(self, browser: Consumer, msg_id: int) -> bool:
+        """Has ``browser`` gone past every message still here with an id up to ``msg_id``?"""
+        last_id, _ = self._browse_pos[id(browser)]
+        if last_id >= msg_id:
+            return True
+        ids, data = self._ids, self._data
+        index = bisect_right(ids, last_id)
+        while index < len(ids) and data[index] is None:
+            index += 1
+        return index >= len(ids) or ids[index] > msg_id
+
+    def count_after(self, browser: Consumer) -> int:
+        """Messages still here that ``browser`` has not reached yet."""
+        last_id, _ = self._browse_pos[id(browser)]
+        index = bisect_right(self._ids, last_id)
+        return sum(1 for payload in self._data[index:] if payload is not None)
+
     def _first_available(self, start: int) -> int | None:
         data = self._data
         ids = self._ids

@@ -21,6 +21,7 @@ LEVELS = ("none", "configuration", "all")
 REPLICATE = "qpid.replicate"
 BUILTIN_EXCHANGES = {"amq.direct": "direct", "amq.fanout": "fanout", "amq.topic": "topic"}
 TEMP_PREFIX = "temp."
+RESERVED_PREFIX = "$"  # $management, $ha.wiring: addresses the broker itself serves
 
 Node = Union[Queue, Exchange]
 Scheduler = Callable[[float, Callable[[], None]], Any]
@@ -137,6 +138,8 @@ class Registry:
             return node
         if not self.auto_create:
             raise NotFound(f"no such queue or exchange: {address!r} (auto-create is off)")
+        if address.startswith(RESERVED_PREFIX):
+            raise NotFound(f"no such node: {address!r} (names starting with {RESERVED_PREFIX!r} are reserved)")
         queue, _ = self.declare_queue(address)
         return queue
 
@@ -162,6 +165,8 @@ class Registry:
         """
         if not name:
             raise InvalidArgument("a queue needs a name")
+        if name.startswith(RESERVED_PREFIX):
+            raise InvalidArgument(f"queue names starting with {RESERVED_PREFIX!r} are reserved")
         if name in self.exchanges:
             raise AlreadyExists(f"{name!r} is an exchange")
         if settings is None:

@@ -149,20 +149,25 @@ class BrokerHandler(Handler):
             self._drop_link(link)
             link = link.next(0)
 
+    def close_connection(self, connection: Connection, condition: Condition | None = None) -> None:
+        """Close one client connection, releasing what its links held."""
+        self._drop_connection(connection)
+        if connection.state & Endpoint.LOCAL_ACTIVE:
+            if condition is not None:
+                connection.condition = condition
+            connection.close()
+
     def close_all(self, condition: Condition | None = None) -> None:
-        """Close every client connection (shutdown, demotion)."""
+        """Close every client connection (shutdown)."""
         for connection in list(self.connections):
-            self._drop_connection(connection)
-            if connection.state & Endpoint.LOCAL_ACTIVE:
-                if condition is not None:
-                    connection.condition = condition
-                connection.close()
+            self.close_connection(connection, condition)
 
     # -- sessions --------------------------------------------------------------
 
     @guarded
     def on_session_remote_open(self, event: Event) -> None:
-        event.session.open()
+        if event.connection in self.connections:  # not one we are refusing
+            event.session.open()
 
     @guarded
     def on_session_remote_close(self, event: Event) -> None:
@@ -180,6 +185,8 @@ class BrokerHandler(Handler):
     @guarded
     def on_link_remote_open(self, event: Event) -> None:
         link = event.link
+        if link.connection not in self.connections:
+            return  # attached in the same breath as an open we refused
         try:
             endpoint = self._attach(link)
         except BrokerError as error:

@@ -1,0 +1,199 @@
+"""Backup side of hot standby: find the primary, replicate its wiring and queues.
+
+One outgoing connection (cycling through the brokers URL until the primary
+takes it) carries the wiring link and one replicating browser per queue of
+level ``all``.  What happens is reported to the node loop, which owns the
+node's state: ``connected(term, hello)`` on the primary's hello,
+``members(list)`` on each membership update (that is how a backup learns it
+is ready), and ``lost(reason)`` when the primary goes away.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import structlog
+from proton import Connection, Delivery, Endpoint, Event, Session
+
+from hastandby.broker.driver import Driver
+from hastandby.broker.outbound import Address, Outbound
+from hastandby.broker.queue import Queue
+from hastandby.broker.registry import Registry
+from hastandby.wiring.reconcile import WiringReplica
+
+from .protocol import BACKUP_PROPERTY, WIRING_ADDRESS, decode_control
+from .replicator import QueueReplicator
+
+log = structlog.get_logger("hastandby.backup")
+
+PROGRESS_EVERY = 100_000  # messages between catch-up progress lines
+
+
+class WiringReceiver:
+    """The receiving end of the wiring stream."""
+
+    def __init__(self, replication: "BackupReplication") -> None:
+        self.replication = replication
+
+    def on_delivery(self, impl: Any) -> None:
+        delivery = Delivery.wrap(impl)
+        if delivery.partial or not delivery.readable:
+            return
+        link = delivery.link
+        data = link.recv(delivery.pending)
+        link.advance()
+        link.flow(1)
+        delivery.settle()
+        self.replication.wiring_message(decode_control(data))
+
+    def flow(self) -> None:
+        pass
+
+    def fail(self, error: Exception) -> None:
+        self.replication.resync(f"wiring stream failed: {error}")
+
+    def close(self) -> None:
+        pass
+
+
+class BackupReplication:
+    """Replicates one primary into the local registry while the node is a backup."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        driver: Driver,
+        addresses: Callable[[], list[Address]],
+        me: Callable[[], dict[str, Any]],
+        term: Callable[[], int],
+        container_id: str,
+        heartbeat: float,
+        on_connected: Callable[[int, dict[str, Any]], None],
+        on_members: Callable[[int, list[dict[str, Any]]], None],
+        on_lost: Callable[[str], None],
+    ) -> None:
+        self.registry = registry
+        self.driver = driver
+        self.me = me
+        self.term = term
+        self.on_connected = on_connected
+        self.on_members = on_members
+        self.on_lost = on_lost
+        self.replicators: dict[str, QueueReplicator] = {}
+        self.replica = WiringReplica(registry, self._queue_replicated, self._queue_dropped)
+        self.primary: dict[str, Any] | None = None
+        self.primary_term = 0
+        self.connection: Connection | None = None
+        self.session: Session | None = None
+        self._received = 0
+        self.outbound = Outbound(
+            driver, addresses, self, properties=None, container_id=container_id, idle_timeout=heartbeat,
+        )
+
+    def start(self) -> None:
+        self.outbound.properties = {BACKUP_PROPERTY: self.me()}
+        self.outbound.start()
+
+    def stop(self) -> None:
+        self.outbound.stop()
+        self._drop_links()
+        self.primary = None
+
+    def resync(self, reason: str) -> None:
+        """The stream broke (a message that does not fit): reconnect for a fresh snapshot."""
+        log.warning("replication resync", reason=reason)
+        if self.connection is not None and self.connection.state & Endpoint.LOCAL_ACTIVE:
+            self.connection.close()
+
+    # -- Outbound owner ------------------------------------------------------------------
+
+    def opened(self, connection: Connection) -> None:
+        self.outbound.properties = {BACKUP_PROPERTY: self.me()}
+        self.connection = connection
+        session = connection.session()
+        session.open()
+        self.session = session
+        link = session.receiver("qpid.ha-wiring")
+        link.source.address = WIRING_ADDRESS
+        link.target.address = WIRING_ADDRESS
+        self.driver.register(link, WiringReceiver(self))
+        link.open()
+        link.flow(100)
+
+    def lost(self, reason: str) -> None:
+        log.info("lost the primary", reason=reason, primary=(self.primary or {}).get("url"))
+        self._drop_links()
+        self.primary = None
+        self.on_lost(reason)
+
+    def on_link_remote_close(self, event: Event) -> None:
+        link = event.link
+        condition = link.remote_condition
+        if condition is not None:
+            log.warning("replication link refused", link=link.name,
+                        error=condition.name, reason=condition.description)
+        self.driver.unregister(link)
+        if link.state & Endpoint.LOCAL_ACTIVE:
+            link.close()
+        if link.name == "qpid.ha-wiring":
+            self.resync("wiring link closed by the primary")
+
+    def on_session_remote_open(self, event: Event) -> None:
+        pass
+
+    # -- wiring stream ---------------------------------------------------------------------
+
+    def wiring_message(self, body: dict[str, Any]) -> None:
+        kind = body.get("type")
+        if kind == "hello":
+            self.primary = body.get("primary") or {}
+            self.primary_term = int(body.get("term", 0))
+            self.on_connected(self.primary_term, body)
+            if self.primary is not None:  # the node loop may have refused the term
+                self.on_members(self.primary_term, body.get("members") or [])
+        elif kind == "members":
+            self.on_members(int(body.get("term", 0)), body.get("members") or [])
+        else:
+            try:
+                self.replica.apply(body)
+            except ValueError as error:
+                self.resync(str(error))
+
+    def _queue_replicated(self, queue: Queue) -> None:
+        """Start (or restart, on a new session) the replicating browser for ``queue``."""
+        if self.session is None:
+            return
+        old = self.replicators.pop(queue.name, None)
+        if old is not None:
+            self._close_replicator(old)
+        replicator = QueueReplicator(queue, self._progress)
+        link = replicator.attach(self.session, self.primary_term)
+        self.driver.register(link, replicator)
+        self.replicators[queue.name] = replicator
+
+    def _queue_dropped(self, queue: Queue) -> None:
+        replicator = self.replicators.pop(queue.name, None)
+        if replicator is not None:
+            self._close_replicator(replicator)
+
+    def _close_replicator(self, replicator: QueueReplicator) -> None:
+        replicator.close()
+        if replicator.link is not None:
+            self.driver.unregister(replicator.link)
+            if replicator.link.state & Endpoint.LOCAL_ACTIVE:
+                replicator.link.close()
+
+    def _drop_links(self) -> None:
+        for replicator in self.replicators.values():
+            replicator.close()
+            if replicator.link is not None:
+                self.driver.unregister(replicator.link)
+        self.replicators.clear()
+        self.connection = None
+        self.session = None
+
+    def _progress(self, replicator: QueueReplicator) -> None:
+        self._received += 1
+        if self._received % PROGRESS_EVERY == 0:
+            log.info("catch-up progress", queue=replicator.queue.name, received=replicator.received,
+                     depth=replicator.queue.depth, total_received=self._received)

@@ -1,0 +1,351 @@
+"""Primary side of hot standby: serving backups and guarding their messages.
+
+One ``RemoteBackup`` per known backup (Qpid's RemoteBackup) holds its guards
+and tracks its catch-up; ``PrimaryReplication`` claims the backup's links
+(the wiring link and one replicating browser per queue), guards every new
+replicated queue for every known backup from birth, and keeps the
+membership every backup is told about.
+
+After a failover the new primary *expects* the backups that were ready
+before: it guards every replicated queue for them before admitting clients,
+so nothing a producer is told ``accepted`` can be missing from them, and it
+stays ``recovering`` until they are back and ready, or ``backup_timeout``
+passes for one that does not reconnect.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import structlog
+from cproton import ffi, lib
+from proton import Connection, Link
+
+from hastandby.broker.driver import Driver, Timer
+from hastandby.broker.errors import InvalidArgument, NotFound
+from hastandby.broker.exchange import Binding
+from hastandby.broker.queue import Queue
+from hastandby.broker.registry import Node, Registry
+from hastandby.broker.values import plain
+from hastandby.wiring.publisher import WiringPublisher
+
+from .guard import QueueGuard
+from .idset import IdSet
+from .protocol import BACKUP_PROPERTY, IDS_PROPERTY, REPLICATE_PROPERTY, TERM_PROPERTY, WIRING_ADDRESS, encode_control
+from .subscription import ReplicatingSubscription
+
+log = structlog.get_logger("hastandby.primary")
+
+
+def backup_info(connection: Connection) -> dict[str, Any] | None:
+    """The ``qpid.ha-backup`` connection property of a backup's connection, if any."""
+    properties = connection.remote_properties or {}
+    info = properties.get(BACKUP_PROPERTY)
+    return plain(info) if isinstance(info, dict) else None
+
+
+class WiringLink:
+    """The sender of the wiring stream to one backup: hello, snapshot, events, members."""
+
+    def __init__(self, link: Link, replication: "PrimaryReplication", backup: "RemoteBackup") -> None:
+        self.link = link
+        self._impl = link._impl
+        self.replication = replication
+        self.backup = backup
+        self.publisher: WiringPublisher | None = None
+        self.closed = False
+        self._seq = 0
+
+    def start(self) -> None:
+        self.send(self.replication.hello())
+        self.publisher = WiringPublisher(self.replication.registry, self.send)
+
+    def send(self, body: dict[str, Any]) -> None:
+        if self.closed:
+            return
+        data = encode_control(body)
+        impl = self._impl
+        self._seq += 1
+        tag = b"w%d" % self._seq
+        delivery = lib.pn_delivery(impl, (len(tag), ffi.from_buffer(tag)))
+        lib.pn_link_send(impl, ffi.from_buffer(data), len(data))
+        lib.pn_link_advance(impl)
+        lib.pn_delivery_settle(delivery)
+
+    def on_delivery(self, delivery: Any) -> None:
+        lib.pn_delivery_settle(delivery)
+
+    def flow(self) -> None:
+        pass
+
+    def fail(self, error: Exception) -> None:
+        self.close()
+        self.link.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.publisher is not None:
+            self.publisher.close()
+        self.replication.disconnected(self.backup, self)
+
+
+class RemoteBackup:
+    """What the primary knows of one backup."""
+
+    def __init__(self, node_id: str, url: str, expected: bool) -> None:
+        self.node_id = node_id
+        self.url = url
+        self.expected = expected
+        self.state = "catchup"
+        self.connected = False
+        self.wiring: WiringLink | None = None
+        self.guards: dict[str, QueueGuard] = {}
+        self.catchup: set[str] = set()
+        self.subscriptions: dict[str, ReplicatingSubscription] = {}
+        self.timer: Timer | None = None
+
+    def guard(self, queue: Queue) -> None:
+        """Hold this queue's new messages for this backup, before it subscribes."""
+        if queue.name not in self.guards:
+            self.guards[queue.name] = QueueGuard(queue)
+
+    def take_guard(self, queue: Queue) -> QueueGuard | None:
+        guard = self.guards.pop(queue.name, None)
+        if guard is not None and guard.queue is not queue:
+            guard.cancel()
+            return None
+        return guard
+
+    def cancel(self) -> None:
+        for guard in self.guards.values():
+            guard.cancel()
+        self.guards.clear()
+        for subscription in list(self.subscriptions.values()):
+            subscription.close()
+        self.subscriptions.clear()
+
+    def describe(self) -> dict[str, Any]:
+        return {"node_id": self.node_id, "url": self.url, "state": self.state, "connected": self.connected}
+
+
+class PrimaryReplication:
+    """Everything a primary does for its backups."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        driver: Driver,
+        me: dict[str, Any],
+        term: int,
+        expected: dict[str, str],
+        backup_timeout: float,
+        on_expected_done: Callable[[bool], None],
+        on_members: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.registry = registry
+        self.driver = driver
+        self.me = me
+        self.term = term
+        self.backup_timeout = backup_timeout
+        self.on_expected_done = on_expected_done
+        self.on_members = on_members
+        self.backups: dict[str, RemoteBackup] = {}
+        self._timeout_timer: Timer | None = None
+        self.recovering = bool(expected)
+        for node_id, url in expected.items():
+            backup = RemoteBackup(node_id, url, expected=True)
+            for queue in self._replicated_queues():
+                backup.guard(queue)
+            self.backups[node_id] = backup
+        registry.observers.append(self)
+        if expected:
+            self._timeout_timer = driver.schedule(backup_timeout, self._timeout_expected)
+            log.info("guarding for expected backups", backups=sorted(expected), timeout=backup_timeout)
+
+    def _replicated_queues(self) -> list[Queue]:
+        return [q for q in self.registry.queues.values() if q.settings.replicate == "all"]
+
+    def stop(self) -> None:
+        """Stepping down: stop guarding and serving backups."""
+        if self._timeout_timer is not None:
+            self._timeout_timer.cancel()
+        if self in self.registry.observers:
+            self.registry.observers.remove(self)
+        for backup in self.backups.values():
+            backup.cancel()
+            if backup.wiring is not None:
+                backup.wiring.closed = True
+                backup.wiring.link.connection.close()
+        self.backups.clear()
+
+    # -- membership -------------------------------------------------------------------
+
+    def members(self) -> list[dict[str, Any]]:
+        return [dict(self.me, state="primary")] + [b.describe() for b in self.backups.values()]
+
+    def hello(self) -> dict[str, Any]:
+        return {"type": "hello", "primary": self.me, "term": self.term,
+                "replicate_default": self.registry.default_replicate, "members": self.members()}
+
+    def _broadcast_members(self) -> None:
+        body = {"type": "members", "term": self.term, "members": self.members()}
+        for backup in self.backups.values():
+            if backup.wiring is not None:
+                backup.wiring.send(body)
+        self.on_members()
+
+    # -- links from backups -------------------------------------------------------------
+
+    def attach(self, link: Link) -> Any:
+        """Claim a backup's wiring link or replicating browser; None for anything else."""
+        if not link.is_sender:
+            return None
+        info = backup_info(link.connection)
+        properties = plain(link.remote_properties or {})
+        address = link.remote_source.address
+        if info is None:
+            if properties.get(str(REPLICATE_PROPERTY)) or address == WIRING_ADDRESS:
+                raise InvalidArgument("replication links need a backup connection (qpid.ha-backup)")
+            return None
+        backup = self._backup(info)
+        if address == WIRING_ADDRESS:
+            return self._attach_wiring(link, backup)
+        if properties.get(str(REPLICATE_PROPERTY)):
+            return self._attach_browser(link, backup, properties)
+        return None
+
+    def _backup(self, info: dict[str, Any]) -> RemoteBackup:
+        node_id = str(info.get("node_id", ""))
+        if not node_id:
+            raise InvalidArgument("qpid.ha-backup needs a node_id")
+        backup = self.backups.get(node_id)
+        if backup is None:
+            backup = RemoteBackup(node_id, str(info.get("url", "")), expected=False)
+            self.backups[node_id] = backup
+        return backup
+
+    def _attach_wiring(self, link: Link, backup: RemoteBackup) -> WiringLink:
+        if backup.wiring is not None:  # a reconnect before we saw the old one go
+            backup.wiring.close()
+        backup.connected = True
+        backup.state = "catchup"
+        backup.catchup = {q.name for q in self._replicated_queues()}
+        wiring = WiringLink(link, self, backup)
+        backup.wiring = wiring
+        log.info("backup connected", backup=backup.node_id, url=backup.url, queues=len(backup.catchup))
+        self.driver.schedule(0.0, self._broadcast_members)
+        if not backup.catchup:
+            self.driver.schedule(0.0, lambda: self._check_ready(backup))
+        return wiring
+
+    def _attach_browser(self, link: Link, backup: RemoteBackup, properties: dict[str, Any]) -> ReplicatingSubscription:
+        term = int(properties.get(str(TERM_PROPERTY), 0) or 0)
+        if term > self.term:
+            raise InvalidArgument(f"backup follows term {term}, this primary has the older term {self.term}")
+        name = link.remote_source.address
+        queue = self.registry.queues.get(name or "")
+        if queue is None:
+            raise NotFound(f"no such queue: {name!r}")
+        if queue.settings.replicate != "all":
+            raise InvalidArgument(f"queue {name!r} is not replicated (qpid.replicate={queue.settings.replicate})")
+        try:
+            backup_ids = IdSet.from_wire([int(x) for x in properties.get(str(IDS_PROPERTY), [])])
+        except (TypeError, ValueError) as error:
+            raise InvalidArgument(f"bad {IDS_PROPERTY}: {error}") from None
+        old = backup.subscriptions.pop(name, None)
+        if old is not None:
+            old.close()
+        subscription = ReplicatingSubscription(
+            link, queue, self.registry, self.driver, backup.take_guard(queue), backup_ids,
+            on_ready=lambda sub: self._queue_ready(backup, sub),
+        )
+        backup.subscriptions[name] = subscription
+        return subscription
+
+    def _queue_ready(self, backup: RemoteBackup, subscription: ReplicatingSubscription) -> None:
+        backup.catchup.discard(subscription.queue.name)
+        self._check_ready(backup)
+
+    def _check_ready(self, backup: RemoteBackup) -> None:
+        if backup.state == "ready" or not backup.connected or backup.catchup:
+            return
+        backup.state = "ready"
+        log.info("backup ready", backup=backup.node_id)
+        self._broadcast_members()
+        self._check_expected()
+
+    def disconnected(self, backup: RemoteBackup, wiring: WiringLink) -> None:
+        """The backup's connection is gone: release what it held up."""
+        if backup.wiring is not wiring:
+            return
+        backup.wiring = None
+        backup.connected = False
+        backup.cancel()
+        if self.backups.get(backup.node_id) is backup:
+            del self.backups[backup.node_id]
+        log.info("backup disconnected", backup=backup.node_id)
+        self._broadcast_members()
+        self._check_expected()
+
+    # -- expected backups -----------------------------------------------------------------
+
+    def _check_expected(self) -> None:
+        if not self.recovering:
+            return
+        waiting = [b for b in self.backups.values() if b.expected and b.state != "ready"]
+        if not waiting:
+            self._finish_recovery(timed_out=False)
+
+    def _timeout_expected(self) -> None:
+        """Drop expected backups that have not even connected (connected ones may go on)."""
+        self._timeout_timer = None
+        for backup in list(self.backups.values()):
+            if backup.expected and not backup.connected:
+                log.warning("expected backup did not reconnect in time", backup=backup.node_id)
+                backup.cancel()
+                del self.backups[backup.node_id]
+        if self.recovering and not any(b.expected and b.state != "ready" for b in self.backups.values()):
+            self._finish_recovery(timed_out=True)
+
+    def _finish_recovery(self, timed_out: bool) -> None:
+        self.recovering = False
+        if self._timeout_timer is not None:
+            self._timeout_timer.cancel()
+            self._timeout_timer = None
+        self.on_expected_done(timed_out)
+
+    # -- RegistryObserver: new replicated queues are guarded from birth --------------------
+
+    def created(self, obj: Node) -> None:
+        if isinstance(obj, Queue) and obj.settings.replicate == "all":
+            for backup in self.backups.values():
+                backup.guard(obj)
+
+    def deleted(self, obj: Node) -> None:
+        if isinstance(obj, Queue):
+            for backup in self.backups.values():
+                guard = backup.guards.pop(obj.name, None)
+                if guard is not None:
+                    guard.cancel()
+                backup.catchup.discard(obj.name)
+                self._check_ready(backup)
+
+    def bound(self, binding: Binding) -> None:
+        pass
+
+    def unbound(self, binding: Binding) -> None:
+        pass
+
+    # -- reporting -------------------------------------------------------------------------
+
+    def lag(self) -> dict[str, dict[str, int]]:
+        """Per replicated queue and backup: messages not yet acknowledged by that backup."""
+        result: dict[str, dict[str, int]] = {}
+        for backup in self.backups.values():
+            for name, subscription in backup.subscriptions.items():
+                result.setdefault(name, {})[backup.node_id] = subscription.lag
+            for name, guard in backup.guards.items():
+                result.setdefault(name, {})[backup.node_id] = guard.queue.depth
+        return result

@@ -1,0 +1,173 @@
+"""Primary side of a replicating browser: one per (replicated queue, backup).
+
+It is a browser that also sees acquired-but-unacknowledged messages (so an
+in-flight delivery survives failover, Qpid's test_backup_acquired), does not
+count as a consumer, and on attach runs the catch-up handshake:
+
+- the backup sent the ids it holds; ids the primary no longer has go back at
+  once as a dequeue batch (``backup - primary``);
+- ids both hold are skipped when the browse reaches them (``backup & primary``),
+  so a backup re-attaching after failover downloads only what it lacks.
+
+The guard (pre-made by the primary for expected backups and new queues, or
+made here) holds each new message's producer acknowledgement until the
+backup settles it ``accepted``.  The subscription is *ready* once the backup
+has every message that may already have been acknowledged to a producer:
+the browse has gone past the guard's first id, and nothing older is still
+unaccepted (Qpid's ReplicatingSubscription readiness rule).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from cproton import ffi, lib
+from proton import Link
+
+from hastandby.broker.driver import Driver, Timer
+from hastandby.broker.links import OutgoingLink, delivery_tag
+from hastandby.broker.queue import Queue
+from hastandby.broker.registry import Registry
+
+from .guard import QueueGuard
+from .idset import IdSet
+from .protocol import DEQUEUE_TAG, encode_dequeues
+
+
+class ReplicatingSubscription(OutgoingLink):
+    """Streams one queue's messages and dequeues to one backup."""
+
+    def __init__(
+        self,
+        link: Link,
+        queue: Queue,
+        registry: Registry,
+        driver: Driver,
+        guard: QueueGuard | None,
+        backup_ids: IdSet,
+        on_ready: Callable[["ReplicatingSubscription"], None],
+    ) -> None:
+        super().__init__(link, queue, registry, browsing=True)
+        self.sees_acquired = True
+        self.driver = driver
+        self.on_ready = on_ready
+        # Guard first, then read the queue: nothing can slip in between (QPID-4159).
+        self.guard = guard if guard is not None else QueueGuard(queue)
+        queue.observers = [*queue.observers, self]
+        primary_ids = IdSet.from_ids(queue.ids())
+        self.skip = backup_ids & primary_ids
+        self.pending_dequeues = backup_ids - primary_ids
+        for msg_id in self.skip:
+            self.guard.skip(msg_id)
+        self.in_flight: set[int] = set()
+        self.ready = False
+        self.sent = 0
+        self._control_seq = 0
+        self._flush_timer: Timer | None = None
+
+    def start(self) -> None:
+        self.queue.add_consumer(self)
+        self._flush_dequeues()
+        self._check_ready()
+
+    # -- sending ------------------------------------------------------------------
+
+    def deliver(self, queue: Queue, msg_id: int, data: bytes, delivery_count: int) -> None:
+        if msg_id in self.skip:
+            self.skip.discard(msg_id)
+            return
+        impl = self._impl
+        tag = b"%d" % msg_id
+        lib.pn_delivery(impl, (len(tag), ffi.from_buffer(tag)))
+        lib.pn_link_send(impl, ffi.from_buffer(data), len(data))
+        lib.pn_link_advance(impl)
+        self.credit -= 1
+        self.sent += 1
+        self.in_flight.add(msg_id)
+
+    def flow(self) -> None:
+        self.credit = lib.pn_link_credit(self._impl)
+        self._flush_dequeues()
+        self.queue.dispatch()
+        self._check_ready()
+
+    def _send_control(self, data: bytes) -> None:
+        impl = self._impl
+        self._control_seq += 1
+        tag = DEQUEUE_TAG + b"%d" % self._control_seq
+        delivery = lib.pn_delivery(impl, (len(tag), ffi.from_buffer(tag)))
+        lib.pn_link_send(impl, ffi.from_buffer(data), len(data))
+        lib.pn_link_advance(impl)
+        lib.pn_delivery_settle(delivery)  # pre-settled: its accept completes nothing
+        self.credit -= 1
+
+    def _flush_dequeues(self) -> None:
+        self._flush_timer = None
+        if self.closed or not self.pending_dequeues or self.credit <= 0:
+            return
+        batch, self.pending_dequeues = self.pending_dequeues, IdSet()
+        self._send_control(encode_dequeues(batch))
+
+    # -- the backup's acknowledgements --------------------------------------------------
+
+    def on_delivery(self, delivery: Any) -> None:
+        if not lib.pn_delivery_settled(delivery) and not lib.pn_delivery_remote_state(delivery):
+            return
+        tag = delivery_tag(delivery)
+        lib.pn_delivery_settle(delivery)
+        if tag.startswith(DEQUEUE_TAG):
+            return
+        msg_id = int(tag)
+        self.in_flight.discard(msg_id)
+        self.guard.complete(msg_id)
+        if not self.ready:
+            self._check_ready()
+
+    def _check_ready(self) -> None:
+        if self.ready or self.closed:
+            return
+        first = self.guard.first_id
+        if any(msg_id < first for msg_id in self.in_flight):
+            return
+        if not self.queue.browsed_past(self, first - 1):
+            return
+        self.ready = True
+        self.on_ready(self)
+
+    @property
+    def lag(self) -> int:
+        """Messages on the queue this backup has not acknowledged yet."""
+        if self.closed:
+            return 0
+        return len(self.in_flight) + self.queue.count_after(self)
+
+    # -- QueueObserver: dequeues on the primary go to the backup in batches --------------
+
+    def enqueued(self, queue: Queue, msg_id: int, data: bytes, completion: Any) -> None:
+        pass
+
+    def acquired(self, queue: Queue, msg_id: int) -> None:
+        pass
+
+    def released(self, queue: Queue, msg_id: int) -> None:
+        pass
+
+    def dequeued(self, queue: Queue, msg_id: int, reason: str) -> None:
+        self.skip.discard(msg_id)
+        self.pending_dequeues.add(msg_id)
+        if self._flush_timer is None:
+            self._flush_timer = self.driver.schedule(0.0, self._flush_dequeues)
+
+    # -- end ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+        queue = self.queue
+        queue.observers = [o for o in queue.observers if o is not self]
+        if self in queue.browsers:
+            queue.remove_consumer(self)
+        self.guard.cancel()

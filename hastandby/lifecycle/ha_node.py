@@ -1,0 +1,338 @@
+"""The HA node loop: a broker node in a cluster, its role governed by the state table.
+
+Everything that changes the node's role goes through ``fire(event)``, which
+asks ``states.next_status`` for the transition and performs its actions in
+order.  An illegal transition is logged with both states and stops
+replication and client service rather than going on in an undefined role.
+
+Roles plug into the broker core through its hooks only: the admission hook
+(a backup refuses clients, naming the primary or redirecting to it), attach
+hooks (the primary claims the backups' replication links; a backup refuses
+admin writes to replicated objects), management guards and operations
+(``PROMOTE``), and status/query extras.
+
+This module drives promotion by an operator (``hastandby promote``), the
+way Qpid is driven by a resource manager.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from proton import Condition, Connection, Link, Terminus, symbol
+
+from hastandby.broker.errors import BrokerError, NotAllowed
+from hastandby.broker.management import MUTATING, Request
+from hastandby.broker.outbound import Address
+from hastandby.broker.queue import Queue
+from hastandby.broker.registry import REPLICATE
+from hastandby.browser.backup import BackupReplication
+from hastandby.browser.primary import PrimaryReplication, backup_info
+from hastandby.browser.protocol import ADMIN_PROPERTY
+from hastandby.client import ManagementClient, ManagementError
+from hastandby.node import Node, split_hostport
+
+from .states import Action, Event, IllegalTransition, NodeStatus, State, initial_status, next_status
+
+log = structlog.get_logger("hastandby.ha")
+
+
+@dataclass
+class HaConfig:
+    """The cluster options of ``hastandby serve --ha-cluster``."""
+
+    brokers: list[str] = field(default_factory=list)
+    public_url: str | None = None
+    backup_timeout: float = 10.0
+    client_redirect: bool = False
+    heartbeat: float = 2.0
+
+
+class NotPromotable(BrokerError):
+    condition = "amqp:precondition-failed"
+    status = 409
+
+
+class HaNode:
+    """Turns a broker node into a cluster member."""
+
+    def __init__(self, node: Node, config: HaConfig) -> None:
+        self.node = node
+        self.config = config
+        self.status: NodeStatus = initial_status(clustered=True)
+        self.halted: str | None = None
+        self.admitting = False
+        host, port = split_hostport(config.public_url or node.config.listen)
+        self.url = f"{host}:{port}"
+        self.addresses: list[Address] = [split_hostport(b) for b in config.brokers]
+        self.members: list[dict[str, Any]] = []
+        self.primary: PrimaryReplication | None = None
+        self.backup = BackupReplication(
+            node.registry,
+            node.driver,
+            self._other_addresses,
+            self._me,
+            lambda: self.status.term,
+            container_id=f"hastandby-{node.node_id}",
+            heartbeat=config.heartbeat,
+            on_connected=self._connected,
+            on_members=self._members,
+            on_lost=self._lost,
+        )
+        node.state = str(self.status.state)
+        node.handler.admission = self._admit
+        node.handler.attach_hooks.append(self._attach)
+        node.management.guards.append(self._guard)
+        node.management.register("PROMOTE", self._promote)
+        node.management.query_extras["ha"] = self._describe
+        node.status_extras.append(self._status)
+        node.on_start.append(self.backup.start)
+        node.on_stop.append(lambda: self.fire(Event.STOP))
+
+    # -- identity ------------------------------------------------------------------
+
+    def _me(self) -> dict[str, Any]:
+        return {"node_id": self.node.node_id, "url": self.url, "state": str(self.status.state)}
+
+    def _other_addresses(self) -> list[Address]:
+        own = {split_hostport(self.url), split_hostport(self.node.config.listen)}
+        return [address for address in self.addresses if address not in own]
+
+    @property
+    def is_primary(self) -> bool:
+        return self.status.state is State.PRIMARY and self.halted is None
+
+    # -- the state table ----------------------------------------------------------------
+
+    def fire(self, event: Event, term: int | None = None) -> bool:
+        """Apply ``event``; perform the transition's actions; False if it was illegal."""
+        try:
+            transition = next_status(self.status, event, term)
+        except IllegalTransition as error:
+            log.error("illegal transition", current=str(error.current), trigger=str(event),
+                      target=str(error.target) if error.target else None, reason=error.reason)
+            if error.target is None or event is not Event.CONNECTED_TO_PRIMARY:
+                self._halt(str(error))
+            return False
+        self.status = transition.status
+        self.node.state = str(self.status.state)
+        if transition.changed:
+            log.info("state change", previous=str(transition.previous), now=str(self.status), trigger=str(event))
+        for action in transition.actions:
+            self._perform(action)
+        return True
+
+    def _perform(self, action: Action) -> None:
+        if action is Action.STOP_REPLICATION:
+            if self.status.state in (State.PRIMARY, State.STOPPED):
+                self.backup.stop()
+        elif action is Action.START_GUARDING:
+            self._become_primary()
+        elif action is Action.ADMIT_CLIENTS:
+            self.admitting = True
+        elif action is Action.EXCLUDE_CLIENTS:
+            self.admitting = False
+            self._close_clients()
+        elif action is Action.STOP_SERVING_BACKUPS:
+            if self.primary is not None:
+                self.primary.stop()
+                self.primary = None
+        # START_REPLICATION: the wiring link is already flowing when the primary says hello.
+        # PUBLISH_STATUS, RESIGN, REVOKE_LEASE: etcd's, when the node runs with election.
+        # DROP_MISSING_BACKUPS: PrimaryReplication drops them when its timeout fires.
+
+    def _halt(self, reason: str) -> None:
+        """Stop replication and client service: better no role than an undefined one."""
+        self.halted = reason
+        self.admitting = False
+        self.backup.stop()
+        if self.primary is not None:
+            self.primary.stop()
+            self.primary = None
+        self._close_clients()
+        log.error("replication halted", reason=reason)
+
+    def _close_clients(self) -> None:
+        condition = self._refusal()
+        for connection in list(self.node.handler.connections):
+            if not _is_admin(connection) and backup_info(connection) is None:
+                self.node.handler.close_connection(connection, condition)
+
+    # -- backup side -----------------------------------------------------------------
+
+    def _connected(self, term: int, hello: dict[str, Any]) -> None:
+        primary = hello.get("primary") or {}
+        if hello.get("replicate_default") != self.node.registry.default_replicate:
+            log.warning("replication default differs from the primary's",
+                        mine=self.node.registry.default_replicate, primary=hello.get("replicate_default"))
+        if not self.fire(Event.CONNECTED_TO_PRIMARY, term):
+            log.warning("refusing a primary with an older term", primary=primary.get("url"), term=term,
+                        known_term=self.status.term)
+            self.backup.primary = None
+            self.backup.resync(f"primary term {term} is older than {self.status.term}")
+            return
+        log.info("following the primary", primary=primary.get("url"), term=term)
+
+    def _members(self, term: int, members: list[dict[str, Any]]) -> None:
+        self.members = members
+        mine = next((m for m in members if m.get("node_id") == self.node.node_id), None)
+        if mine is not None and mine.get("state") == "ready" and self.status.state is State.CATCHUP:
+            self.fire(Event.CAUGHT_UP)
+
+    def _lost(self, reason: str) -> None:
+        if self.status.state in (State.CATCHUP, State.BACKUP, State.CONNECTING):
+            self.fire(Event.PRIMARY_LOST)
+
+    # -- primary side ----------------------------------------------------------------------
+
+    def _become_primary(self) -> None:
+        expected = {
+            str(m["node_id"]): str(m.get("url", ""))
+            for m in self.members
+            if m.get("state") == "ready" and m.get("node_id") != self.node.node_id
+        }
+        self.primary = PrimaryReplication(
+            self.node.registry,
+            self.node.driver,
+            me={"node_id": self.node.node_id, "url": self.url},
+            term=self.status.term,
+            expected=expected,
+            backup_timeout=self.config.backup_timeout,
+            on_expected_done=self._expected_done,
+        )
+        if not self.primary.recovering:
+            self.node.schedule(0.0, lambda: self.fire(Event.EXPECTED_BACKUPS_READY))
+
+    def _expected_done(self, timed_out: bool) -> None:
+        self.fire(Event.EXPECTED_BACKUPS_TIMED_OUT if timed_out else Event.EXPECTED_BACKUPS_READY)
+
+    def _promote(self, request: Request) -> tuple[int, Any]:
+        state = self.status.state
+        if state is State.PRIMARY:
+            return 200, {"state": "primary", "message": "already primary"}
+        if self.halted:
+            raise NotPromotable(f"replication is halted: {self.halted}")
+        if state is State.CATCHUP:
+            raise NotPromotable("still catching up, cannot be promoted")
+        if state is State.BACKUP:
+            event = Event.PROMOTED_BY_OPERATOR
+        else:
+            self._check_fresh_cluster()
+            event = Event.PROMOTED_BY_OPERATOR_NEW_CLUSTER
+        term = max([self.status.term] + [int(m.get("term", 0) or 0) for m in self.members]) + 1
+        if not self.fire(event, term):
+            raise NotPromotable(f"cannot promote from {self.status}")
+        log.info("promoted by operator", term=term)
+        return 200, self._status()
+
+    def _check_fresh_cluster(self) -> None:
+        """A connecting node may only be promoted if no reachable node is past connecting."""
+        for host, port in self._other_addresses():
+            try:
+                with ManagementClient(f"{host}:{port}", timeout=1.0) as client:
+                    state = client.request("STATUS").get("state")
+            except ManagementError:
+                continue  # unreachable nodes hold nothing we could lose
+            if state != "connecting":
+                raise NotPromotable(f"{host}:{port} is {state}: promote a backup, not a connecting node")
+
+    # -- broker hooks --------------------------------------------------------------------------
+
+    def _refusal(self) -> Condition:
+        primary = (self.backup.primary or {}).get("url")
+        me = f"node {self.url} is {self.status.state}"
+        if self.config.client_redirect and primary:
+            host, port = split_hostport(primary)
+            info = {symbol("network-host"): host, symbol("port"): port, symbol("hostname"): host}
+            return Condition("amqp:connection:redirect", f"{me}; the primary is {primary}", info)
+        where = f"; the primary is {primary}" if primary else "; the primary is not known yet"
+        return Condition("amqp:connection:forced", f"{me}, not the primary{where}")
+
+    def _admit(self, connection: Connection) -> Condition | None:
+        if _is_admin(connection):
+            return None
+        info = backup_info(connection)
+        if info is not None:
+            if info.get("node_id") == self.node.node_id:
+                return Condition("amqp:connection:forced", "a node does not replicate from itself")
+            return None if self.is_primary else self._refusal()
+        return None if self.admitting and self.is_primary else self._refusal()
+
+    def _attach(self, link: Link) -> Any:
+        if self.primary is not None:
+            endpoint = self.primary.attach(link)
+            if endpoint is not None:
+                return endpoint
+        if not self.is_primary and _is_admin(link.connection):
+            self._check_admin_link(link)
+        return None
+
+    def _check_admin_link(self, link: Link) -> None:
+        """Admins may read a backup (browse, query); writes to replicated objects belong to the primary."""
+        registry = self.node.registry
+        if link.is_sender:
+            source = link.remote_source
+            if source.dynamic or source.distribution_mode == Terminus.DIST_MODE_COPY:
+                return
+            node = registry.lookup(source.address or "")
+            if isinstance(node, Queue) and node.settings.replicate != "none":
+                raise NotAllowed(f"{self.url} is a backup: consuming from replicated queue "
+                                 f"{node.name!r} would change it; browse it instead")
+            return
+        address = link.remote_target.address or ""
+        if address == "$management":
+            return
+        node = registry.lookup(address)
+        if node is None or _level(node) != "none":
+            raise NotAllowed(f"{self.url} is a backup: send to {address!r} on the primary")
+
+    def _guard(self, request: Request) -> None:
+        if self.is_primary or request.operation not in MUTATING:
+            return
+        registry = self.node.registry
+        replicated = False
+        if request.operation == "CREATE":
+            level = request.arguments().get(REPLICATE, registry.default_replicate)
+            replicated = level != "none"
+        elif request.operation in ("DELETE", "PURGE"):
+            node = registry.lookup(request.name)
+            replicated = node is not None and _level(node) != "none"
+        else:
+            for name in (request.body.get("exchange"), request.body.get("queue")):
+                node = registry.lookup(str(name or ""))
+                replicated = replicated or (node is not None and _level(node) != "none")
+        if replicated:
+            raise NotAllowed(f"{self.url} is a backup ({self.status.state}): change replicated objects "
+                             "on the primary")
+
+    # -- reporting ----------------------------------------------------------------------------
+
+    def _status(self) -> dict[str, Any]:
+        return {
+            "state": str(self.status.state),
+            "detail": str(self.status.detail) if self.status.detail else None,
+            "term": self.status.term,
+            "primary": self.url if self.is_primary else (self.backup.primary or {}).get("url"),
+            "brokers": [f"{h}:{p}" for h, p in self.addresses],
+            "halted": self.halted,
+        }
+
+    def _describe(self) -> dict[str, Any]:
+        members = self.primary.members() if self.primary is not None else self.members
+        return {
+            "state": str(self.status.state),
+            "term": self.status.term,
+            "members": members,
+            "lag": self.primary.lag() if self.primary is not None else {},
+        }
+
+
+def _is_admin(connection: Connection) -> bool:
+    properties = connection.remote_properties or {}
+    return bool(properties.get(ADMIN_PROPERTY))
+
+
+def _level(node: Any) -> str:
+    return node.settings.replicate if isinstance(node, Queue) else node.replicate
