@@ -28,3 +28,20 @@ def node_factory(tmp_path) -> Iterator[Callable[..., NodeProcess]]:
 def node(node_factory) -> NodeProcess:
     """One standalone node with default settings."""
     return node_factory()
+
+
+@pytest.fixture
+def cluster_factory(tmp_path) -> Iterator[Callable[..., "HaCluster"]]:
+    """Start hot-standby clusters (node 0 promoted unless promote=False); all stopped at teardown."""
+    from tests.support.cluster import HaCluster
+
+    started: list[HaCluster] = []
+
+    def start(size: int = 3, *extra: str, promote: bool = True) -> HaCluster:
+        cluster = HaCluster(tmp_path, size, extra, promote)
+        started.append(cluster)
+        return cluster
+
+    yield start
+    for cluster in started:
+        cluster.stop()

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from proton import Described, Message, symbol
-from proton.reactor import Copy, Filter
+from proton.handlers import MessagingHandler
+from proton.reactor import Container, Copy, Filter
 from proton.utils import BlockingConnection
 
 TOPIC_FILTER = symbol("apache.org:legacy-amqp-topic-binding:string")
@@ -54,10 +55,50 @@ def receive(address: str, queue: str, count: int, timeout: float = 5.0, accept: 
         conn.close()
 
 
-def browse(address: str, queue: str, count: int, timeout: float = 5.0) -> list[Message]:
-    return receive(address, queue, count, timeout, accept=True, options=Copy())
+def browse(address: str, queue: str, count: int, timeout: float = 5.0, admin: bool = False) -> list[Message]:
+    """Browse without consuming; ``admin`` connections may browse an HA backup."""
+    conn = connect(address, properties={symbol("qpid.ha-admin"): True} if admin else None)
+    try:
+        receiver = conn.create_receiver(queue, credit=max(count, 1), options=Copy())
+        got = []
+        for _ in range(count):
+            try:
+                got.append(receiver.receive(timeout=timeout))
+            except Exception:
+                break
+            receiver.accept()
+        return got
+    finally:
+        conn.close()
 
 
 def topic_filter(pattern: str) -> Filter:
     return Filter({symbol("subject-filter"): Described(TOPIC_FILTER, pattern)})
 
+
+
+class _CloseRecorder(MessagingHandler):
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self.url = url
+        self.condition: tuple[str, str, dict] | None = None
+
+    def on_start(self, event: Any) -> None:
+        event.container.connect(self.url, reconnect=False)
+
+    def on_connection_remote_close(self, event: Any) -> None:
+        condition = event.connection.remote_condition
+        if condition is not None:
+            info = {str(k): v for k, v in (condition.info or {}).items()}
+            self.condition = (condition.name, condition.description, info)
+        event.connection.close()
+
+    def on_transport_error(self, event: Any) -> None:
+        event.connection.close()
+
+
+def close_condition(address: str) -> tuple[str, str, dict] | None:
+    """Open a plain client connection and return the condition the node closes it with."""
+    recorder = _CloseRecorder(f"amqp://{address}")
+    Container(recorder).run()
+    return recorder.condition
