@@ -9,7 +9,7 @@ lookup table.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from cproton import PN_ACCEPTED, PN_MODIFIED, PN_REJECTED, PN_RELEASED, ffi, lib
 from proton import Condition, Delivery, Link
@@ -132,9 +132,11 @@ class IncomingLink:
         node: "Node | None",
         registry: "Registry",
         max_message_size: int,
+        may_acknowledge: Callable[[], bool],
         window: int = 1000,
     ) -> None:
         self.link = link
+        self.may_acknowledge = may_acknowledge
         self._impl = link._impl
         self.node = node  # None: anonymous relay, route on each message's 'to'
         self.registry = registry
@@ -192,6 +194,8 @@ class IncomingLink:
     def _accept(self, delivery: Any) -> None:
         if self.closed:
             return  # the link is gone; the sender will resend after failover
+        if not self.may_acknowledge():
+            return  # fenced: no longer sure to be the only primary; left unsettled
         lib.pn_delivery_update(delivery, PN_ACCEPTED)
         lib.pn_delivery_settle(delivery)
 

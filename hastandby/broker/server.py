@@ -11,6 +11,8 @@ Hooks for the layers above (the core knows nothing of HA):
   (a backup refuses clients).
 - ``attach_hooks``: each may claim an incoming attach before the default
   handling (HA's replicating subscriptions).
+- ``ack_gate() -> bool``: asked before a producer's message is settled
+  ``accepted`` (HA fencing: a primary unsure of its lease acknowledges nothing).
 """
 
 from __future__ import annotations
@@ -84,8 +86,14 @@ class BrokerHandler(Handler):
         self.container_id = "hastandby"
         self.driver: Driver = Driver(self)
         self.admission: Admission = lambda connection: None
+        self.ack_gate: Callable[[], bool] | None = None
         self.attach_hooks: list[AttachHook] = []
         self.connections: set[Connection] = set()
+
+    def may_acknowledge(self) -> bool:
+        """Whether producers may be told 'accepted' now (HA fencing sets ``ack_gate``)."""
+        gate = self.ack_gate
+        return gate is None or gate()
 
     # -- containment ------------------------------------------------------------
 
@@ -239,7 +247,7 @@ class BrokerHandler(Handler):
         if address == MANAGEMENT_ADDRESS:
             return ManagementLink(link, self.management, self.max_message_size)
         node = self.registry.resolve(address) if address else None
-        return IncomingLink(link, node, self.registry, self.max_message_size)
+        return IncomingLink(link, node, self.registry, self.max_message_size, self.may_acknowledge)
 
     def _attach_outgoing(self, link: Link) -> OutgoingLink:
         source = link.remote_source

@@ -1,0 +1,183 @@
+"""The election loop: etcd decides who is primary, the state table decides what that means.
+
+A thread of its own (etcd calls block, the broker's reactor must not) runs
+Patroni's cycle: read a snapshot of the cluster, ``decide()``, carry out the
+one decision, wait for the next coordinator notification or ``loop_wait``.
+Decisions that change the node's role are handed to the reactor thread with
+``call_soon_threadsafe``; etcd writes (member key, campaign, resign) stay in
+this thread.
+
+Fencing does not wait for this loop: the broker asks ``may_acknowledge()``
+before it settles any producer's message, which is true only while the lease
+was confirmed within TTL minus the margin.  A primary frozen past its TTL
+(SIGSTOP) therefore acknowledges nothing when it resumes, even before the
+loop has seen the lost lease and stepped it down.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Callable, Protocol
+
+import structlog
+
+from .cluster import ClusterSnapshot, Leader
+from .coordinator import Coordinator, CoordinatorError, CoordinatorEvent
+from .decide import (
+    Campaign,
+    ClearHandover,
+    Decision,
+    FollowLeader,
+    PublishMember,
+    RemoveStaleLeaderKey,
+    Stay,
+    StepDown,
+    decide,
+)
+from .states import Event, NodeStatus
+
+log = structlog.get_logger("hastandby.election")
+
+LOOP_WAIT = 0.5  # seconds between cycles when nothing happens
+
+
+class ElectedNode(Protocol):
+    """What the loop needs of the HA node (read from this thread, acted on via the reactor)."""
+
+    node_id: str
+    status: NodeStatus
+    leader: Leader | None
+
+    def call_soon_threadsafe(self, fn: Callable[[], None]) -> None: ...
+
+    def fire(self, event: Event, term: int | None = None) -> bool: ...
+
+    def follow(self, leader: Leader) -> None: ...
+
+
+class ElectionLoop:
+    """Runs the decision cycle for one node against its coordinator."""
+
+    def __init__(self, node: ElectedNode, coordinator: Coordinator, loop_wait: float = LOOP_WAIT) -> None:
+        self.node = node
+        self.coordinator = coordinator
+        self.loop_wait = loop_wait
+        self.snapshot: ClusterSnapshot | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._requests: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="hastandby-election", daemon=True)
+
+    # -- called from any thread ------------------------------------------------------------
+
+    def start(self) -> None:
+        self.coordinator.watch()
+        self._thread.start()
+
+    def notify(self, event: CoordinatorEvent) -> None:
+        """The coordinator's callback (its threads): run a cycle now."""
+        self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def request(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` (an etcd write) on the election thread before the next decision."""
+        self._requests.put(fn)
+        self._wake.set()
+
+    def may_acknowledge(self) -> bool:
+        """The fencing check the broker makes before settling a producer's message."""
+        return self.coordinator.lease_confirmed_within(self.coordinator.safe_lease_age)
+
+    def stop(self, revoke: bool = True) -> None:
+        """Graceful stop: revoke the lease so a ready backup can take over at once."""
+        self._stop.set()
+        self._wake.set()
+        if revoke:
+            try:
+                self.coordinator.revoke_lease()
+            except CoordinatorError as error:
+                log.warning("lease revoke failed", error=str(error))
+        self.coordinator.close()
+
+    # -- the election thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.loop_wait)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self._drain_requests()
+                self._cycle()
+            except Exception:  # the loop must outlive any one bad cycle
+                log.exception("election cycle failed")
+
+    def _drain_requests(self) -> None:
+        while True:
+            try:
+                fn = self._requests.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                fn()
+            except CoordinatorError as error:
+                log.warning("etcd request failed", error=str(error))
+
+    def _cycle(self) -> None:
+        coordinator = self.coordinator
+        try:
+            snapshot: ClusterSnapshot | None = coordinator.read_snapshot()
+        except CoordinatorError as error:
+            log.warning("etcd unreadable", error=str(error))
+            snapshot = None
+        self.snapshot = snapshot
+        status = self.node.status
+        decision = decide(
+            self.node.node_id,
+            status,
+            snapshot,
+            coordinator.lease_confirmed_within(coordinator.safe_lease_age),
+            self.node.leader,
+        )
+        self._act(decision, status)
+
+    def _act(self, decision: Decision, status: NodeStatus) -> None:
+        node = self.node
+        coordinator = self.coordinator
+        if not isinstance(decision, (PublishMember, Stay)):
+            log.info("election decision", decision=type(decision).__name__, reason=decision.reason)
+        if isinstance(decision, PublishMember):
+            self._guarded(lambda: coordinator.publish_status(status))
+        elif isinstance(decision, Campaign):
+            term = self._guarded(coordinator.campaign)
+            if term:
+                log.info("won the election", term=term, new_cluster=decision.new_cluster)
+                node.call_soon_threadsafe(lambda: self._won(decision.won_event, term))
+        elif isinstance(decision, FollowLeader):
+            leader = decision.leader
+            node.call_soon_threadsafe(lambda: node.follow(leader))
+        elif isinstance(decision, StepDown):
+            node.call_soon_threadsafe(lambda: node.fire(decision.event))
+        elif isinstance(decision, RemoveStaleLeaderKey):
+            self._guarded(lambda: coordinator.resign(decision.term))
+        elif isinstance(decision, ClearHandover):
+            self._guarded(coordinator.clear_handover)
+        if isinstance(decision, (Campaign, StepDown, FollowLeader)):
+            self._wake.set()  # publish the new member state promptly
+
+    def _won(self, event: Event, term: int) -> None:
+        if not self.node.fire(event, term):
+            # The table refused (e.g. we started catching up meanwhile): give the key back.
+            self.request(lambda: self.coordinator.resign(term))
+
+    @staticmethod
+    def _guarded(fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except CoordinatorError as error:
+            log.warning("etcd request failed", error=str(error))
+            return None
