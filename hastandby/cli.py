@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -60,14 +61,22 @@ def main() -> None:
               help="seconds a new primary waits for an expected backup to reconnect")
 @click.option("--client-redirect", is_flag=True,
               help="a backup closes client connections with amqp:connection:redirect to the primary")
+@click.option("--etcd", help="etcd client URL (http://HOST:PORT): etcd elects the primary")
+@click.option("--cluster", "cluster_name", default="hastandby", show_default=True, help="cluster name in etcd")
+@click.option("--node-id", help="this node's id (default: kept in --data-dir, or random)")
+@click.option("--lease-ttl", type=click.IntRange(min=1), default=2, show_default=True,
+              help="etcd lease TTL, seconds: a dead primary is replaced after about this long")
 def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, replicate: str | None,
           max_message_size: int, no_auto_create: bool, heartbeat: float | None, ha_cluster: bool,
-          brokers_url: str, public_url: str | None, backup_timeout: float, client_redirect: bool) -> None:
+          brokers_url: str, public_url: str | None, backup_timeout: float, client_redirect: bool,
+          etcd: str | None, cluster_name: str, node_id: str | None, lease_ttl: int) -> None:
     """Run a node until SIGINT/SIGTERM."""
     from . import logs
     from .node import Node, NodeConfig
 
     logs.configure(log_format, log_level)
+    if etcd:
+        ha_cluster = True
     if heartbeat is None:
         heartbeat = 2.0 if ha_cluster else 0.0
     config = NodeConfig(
@@ -77,6 +86,7 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
         max_message_size=max_message_size,
         auto_create=not no_auto_create,
         heartbeat=heartbeat,
+        node_id=node_id,
     )
     try:
         node = Node(config)
@@ -84,7 +94,8 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
             from .lifecycle.ha_node import HaConfig, HaNode
 
             brokers = [b.strip() for b in brokers_url.split(",") if b.strip()]
-            HaNode(node, HaConfig(brokers, public_url, backup_timeout, client_redirect, heartbeat))
+            HaNode(node, HaConfig(brokers, public_url, backup_timeout, client_redirect, heartbeat,
+                                  etcd=etcd, cluster=cluster_name, lease_ttl=lease_ttl))
         node.run()
     except OSError as error:
         raise click.ClickException(f"cannot serve on {listen}: {error}") from None
@@ -271,6 +282,15 @@ def status(broker: str, expect: str | None, is_primary: bool, every: bool, as_js
 def promote(broker: str) -> None:
     """Make a caught-up backup node the primary."""
     result = _request(broker, "PROMOTE")
+    if result.get("message", "").startswith("handover"):
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            result = _request(broker, "STATUS")
+            if result.get("state") == "primary":
+                break
+            time.sleep(0.1)
+        else:
+            raise click.ClickException(f"{broker} did not take over within 15 s (state {result.get('state')})")
     click.echo(f"{broker} is {result.get('state')}" + (f" (term {result['term']})" if "term" in result else ""))
 
 

@@ -40,6 +40,7 @@ class NodeConfig:
     max_message_size: int = 64 * 1024 * 1024
     auto_create: bool = True
     heartbeat: float = 0.0
+    node_id: str | None = None
 
 
 def split_hostport(text: str, default_port: int = 5672) -> tuple[str, int]:
@@ -82,6 +83,8 @@ class Node:
             self.registry.observers.append(store)
 
     def _node_id(self) -> str:
+        if self.config.node_id:
+            return self.config.node_id
         if self.config.data_dir is None:
             return uuidlib.uuid4().hex[:12]
         data_dir = Path(self.config.data_dir)

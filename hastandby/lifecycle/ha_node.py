@@ -18,7 +18,7 @@ way Qpid is driven by a resource manager.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import structlog
 from proton import Condition, Connection, Link, Terminus, symbol
@@ -34,6 +34,9 @@ from hastandby.browser.protocol import ADMIN_PROPERTY
 from hastandby.client import ManagementClient, ManagementError
 from hastandby.node import Node, split_hostport
 
+from .cluster import Leader
+from .coordinator import CoordinatorEvent, EtcdCoordinator
+from .election import ElectionLoop
 from .states import Action, Event, IllegalTransition, NodeStatus, State, initial_status, next_status
 
 log = structlog.get_logger("hastandby.ha")
@@ -48,6 +51,10 @@ class HaConfig:
     backup_timeout: float = 10.0
     client_redirect: bool = False
     heartbeat: float = 2.0
+    etcd: str | None = None
+    cluster: str = "hastandby"
+    lease_ttl: int = 2
+    lease_margin: float = 0.5
 
 
 class NotPromotable(BrokerError):
@@ -68,6 +75,7 @@ class HaNode:
         self.url = f"{host}:{port}"
         self.addresses: list[Address] = [split_hostport(b) for b in config.brokers]
         self.members: list[dict[str, Any]] = []
+        self.leader: Leader | None = None
         self.primary: PrimaryReplication | None = None
         self.backup = BackupReplication(
             node.registry,
@@ -90,6 +98,42 @@ class HaNode:
         node.status_extras.append(self._status)
         node.on_start.append(self.backup.start)
         node.on_stop.append(lambda: self.fire(Event.STOP))
+        self.election: ElectionLoop | None = None
+        if config.etcd:
+            self.election = self._make_election(config)
+            node.handler.ack_gate = self.election.may_acknowledge
+            node.on_start.append(self.election.start)
+
+    def _make_election(self, config: HaConfig) -> ElectionLoop:
+        loop: ElectionLoop | None = None
+
+        def notify(event: CoordinatorEvent) -> None:
+            if loop is not None:
+                loop.notify(event)
+
+        coordinator = EtcdCoordinator(
+            config.etcd or "", config.cluster, self.node.node_id, self.url, notify,
+            lease_ttl=config.lease_ttl, lease_margin=config.lease_margin,
+        )
+        loop = ElectionLoop(self, coordinator)
+        return loop
+
+    @property
+    def node_id(self) -> str:
+        return self.node.node_id
+
+    def call_soon_threadsafe(self, fn: Callable[[], None]) -> None:
+        self.node.call_soon_threadsafe(fn)
+
+    def follow(self, leader: Leader) -> None:
+        """etcd names the primary: replicate from it, and only from it."""
+        if self.is_primary:
+            return
+        previous, self.leader = self.leader, leader
+        log.info("leader from etcd", leader=leader.node_id, url=leader.url, term=leader.term)
+        connected = self.backup.outbound.address
+        if previous != leader and connected is not None and connected != split_hostport(leader.url):
+            self.backup.resync(f"etcd names {leader.url} as primary")
 
     # -- identity ------------------------------------------------------------------
 
@@ -97,7 +141,10 @@ class HaNode:
         return {"node_id": self.node.node_id, "url": self.url, "state": str(self.status.state)}
 
     def _other_addresses(self) -> list[Address]:
+        """Where to look for the primary: etcd's leader if known, else the brokers URL."""
         own = {split_hostport(self.url), split_hostport(self.node.config.listen)}
+        if self.leader is not None and self.leader.node_id != self.node.node_id:
+            return [split_hostport(self.leader.url)]
         return [address for address in self.addresses if address not in own]
 
     @property
@@ -122,6 +169,8 @@ class HaNode:
             log.info("state change", previous=str(transition.previous), now=str(self.status), trigger=str(event))
         for action in transition.actions:
             self._perform(action)
+        if transition.previous.state is State.PRIMARY and self.status.state is State.CONNECTING:
+            self.backup.start()  # stepped down: look for the new primary and follow it
         return True
 
     def _perform(self, action: Action) -> None:
@@ -139,9 +188,22 @@ class HaNode:
             if self.primary is not None:
                 self.primary.stop()
                 self.primary = None
+        elif self.election is not None:
+            self._perform_election(action)
         # START_REPLICATION: the wiring link is already flowing when the primary says hello.
-        # PUBLISH_STATUS, RESIGN, REVOKE_LEASE: etcd's, when the node runs with election.
         # DROP_MISSING_BACKUPS: PrimaryReplication drops them when its timeout fires.
+        # Without etcd, PUBLISH_STATUS, RESIGN and REVOKE_LEASE have nothing to do.
+
+    def _perform_election(self, action: Action) -> None:
+        election = self.election
+        assert election is not None
+        if action is Action.PUBLISH_STATUS:
+            election.wake()
+        elif action is Action.RESIGN:
+            term = self.status.term
+            election.request(lambda: election.coordinator.resign(term))
+        elif action is Action.REVOKE_LEASE:
+            election.stop(revoke=True)
 
     def _halt(self, reason: str) -> None:
         """Stop replication and client service: better no role than an undefined one."""
@@ -182,6 +244,8 @@ class HaNode:
             self.fire(Event.CAUGHT_UP)
 
     def _lost(self, reason: str) -> None:
+        if self.election is not None:
+            self.election.wake()
         if self.status.state in (State.CATCHUP, State.BACKUP, State.CONNECTING):
             self.fire(Event.PRIMARY_LOST)
 
@@ -216,6 +280,8 @@ class HaNode:
             raise NotPromotable(f"replication is halted: {self.halted}")
         if state is State.CATCHUP:
             raise NotPromotable("still catching up, cannot be promoted")
+        if self.election is not None:
+            return self._hand_over(state)
         if state is State.BACKUP:
             event = Event.PROMOTED_BY_OPERATOR
         else:
@@ -226,6 +292,16 @@ class HaNode:
             raise NotPromotable(f"cannot promote from {self.status}")
         log.info("promoted by operator", term=term)
         return 200, self._status()
+
+    def _hand_over(self, state: State) -> tuple[int, Any]:
+        """With etcd, promotion is a handover: the primary steps down, this node wins."""
+        if state is not State.BACKUP:
+            raise NotPromotable(f"only a caught-up backup can take over; this node is {state}")
+        election = self.election
+        assert election is not None
+        me = self.node.node_id
+        election.request(lambda: election.coordinator.set_handover(me, ttl=10))
+        return 202, {"state": str(state), "message": "handover requested; the primary steps down"}
 
     def _check_fresh_cluster(self) -> None:
         """A connecting node may only be promoted if no reachable node is past connecting."""
@@ -315,9 +391,18 @@ class HaNode:
             "detail": str(self.status.detail) if self.status.detail else None,
             "term": self.status.term,
             "primary": self.url if self.is_primary else (self.backup.primary or {}).get("url"),
-            "brokers": [f"{h}:{p}" for h, p in self.addresses],
+            "brokers": self._member_addresses(),
             "halted": self.halted,
+            "etcd": self.config.etcd,
         }
+
+    def _member_addresses(self) -> list[str]:
+        """Every member's HOST:PORT: the brokers URL, or etcd's member keys without one."""
+        if self.addresses:
+            return [f"{h}:{p}" for h, p in self.addresses]
+        snapshot = self.election.snapshot if self.election is not None else None
+        members = snapshot.members if snapshot is not None else ()
+        return sorted({m.url for m in members} | {self.url})
 
     def _describe(self) -> dict[str, Any]:
         members = self.primary.members() if self.primary is not None else self.members
