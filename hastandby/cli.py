@@ -307,5 +307,79 @@ def ping(broker: str, timeout: float) -> None:
     click.echo("ok")
 
 
+# -- local cluster -------------------------------------------------------------------
+
+
+@main.group()
+def cluster() -> None:
+    """A local cluster to try things on: a real etcd plus nodes on loopback."""
+
+
+_CLUSTER_DIR = click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
+                            default=Path(".cluster"), show_default=True, help="state, logs and data dirs")
+
+
+@cluster.command("up")
+@_CLUSTER_DIR
+@click.option("--nodes", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--base-port", type=click.IntRange(1, 65000), default=5672, show_default=True,
+              help="first node's AMQP port; the others follow")
+@click.option("--etcd-port", type=click.IntRange(1, 65000), default=2379, show_default=True)
+@click.option("--lease-ttl", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--foreground", is_flag=True, help="stay until Ctrl-C, then stop everything")
+def cluster_up(directory: Path, nodes: int, base_port: int, etcd_port: int, lease_ttl: int,
+               foreground: bool) -> None:
+    """Start etcd and the nodes; print their URLs and states."""
+    from . import local_cluster
+
+    try:
+        state = local_cluster.up(directory, nodes, base_port, etcd_port, lease_ttl)
+    except local_cluster.ClusterError as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(f"etcd   {state['etcd']['url']}")
+    for name, address, node_state in local_cluster.status(directory):
+        click.echo(f"{name}  amqp://{address}  {node_state}")
+    urls = ",".join(f"amqp://{n['address']}" for n in state["nodes"])
+    click.echo(f"clients: connect with the URL list {urls}")
+    if not foreground:
+        click.echo(f"stop with: hastandby cluster down --dir {directory}")
+        return
+    click.echo("Ctrl-C stops the cluster")
+    try:
+        while True:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        local_cluster.down(directory)
+        click.echo("cluster stopped")
+
+
+@cluster.command("status")
+@_CLUSTER_DIR
+def cluster_status(directory: Path) -> None:
+    """Print every node's URL and state."""
+    from . import local_cluster
+
+    try:
+        for name, address, node_state in local_cluster.status(directory):
+            click.echo(f"{name}  amqp://{address}  {node_state}")
+    except local_cluster.ClusterError as error:
+        raise click.ClickException(str(error)) from None
+
+
+@cluster.command("down")
+@_CLUSTER_DIR
+def cluster_down(directory: Path) -> None:
+    """Stop the nodes, then etcd."""
+    from . import local_cluster
+
+    try:
+        local_cluster.down(directory)
+    except local_cluster.ClusterError as error:
+        raise click.ClickException(str(error)) from None
+    click.echo("cluster stopped")
+
+
 if __name__ == "__main__":
     main()
