@@ -30,6 +30,22 @@ def delivery_tag(delivery: Any) -> bytes:
     return ffi.unpack(tag.start, tag.size)
 
 
+def receive_whole(impl: Any) -> tuple[Delivery, bytes] | None:
+    """For low-rate links (management, wiring): the message of a complete delivery.
+
+    Returns None while the delivery is still partial; otherwise reads it,
+    moves the link on and gives back one credit.
+    """
+    delivery = Delivery.wrap(impl)
+    if delivery.partial or not delivery.readable:
+        return None
+    link = delivery.link
+    data = link.recv(delivery.pending)
+    link.advance()
+    link.flow(1)
+    return delivery, data
+
+
 def close_link(link: Link, error: Exception) -> None:
     """Detach a link with an AMQP error naming what went wrong."""
     condition = error.condition if isinstance(error, BrokerError) else "amqp:internal-error"

@@ -21,7 +21,7 @@ import structlog
 from proton import Condition, Connection, Delivery, Link, Message
 
 from .errors import BrokerError, InvalidArgument, NotFound
-from .links import close_link
+from .links import close_link, receive_whole
 from .registry import Registry
 from .values import plain
 
@@ -176,13 +176,11 @@ class ManagementLink:
         self.link.flow(20)
 
     def on_delivery(self, impl: Any) -> None:
-        delivery = Delivery.wrap(impl)
-        if delivery.partial or not delivery.readable:
+        received = receive_whole(impl)
+        if received is None:
             return
+        delivery, data = received
         link = self.link
-        data = link.recv(delivery.pending)
-        link.advance()
-        link.flow(1)
         registry = self.management.registry
         try:
             if self.max_message_size and len(data) > self.max_message_size:

@@ -13,9 +13,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import structlog
-from proton import Connection, Delivery, Endpoint, Event, Session
+from proton import Connection, Endpoint, Event, Session
 
 from hastandby.broker.driver import Driver
+from hastandby.broker.links import receive_whole
 from hastandby.broker.outbound import Address, Outbound
 from hastandby.broker.queue import Queue
 from hastandby.broker.registry import Registry
@@ -36,13 +37,10 @@ class WiringReceiver:
         self.replication = replication
 
     def on_delivery(self, impl: Any) -> None:
-        delivery = Delivery.wrap(impl)
-        if delivery.partial or not delivery.readable:
+        received = receive_whole(impl)
+        if received is None:
             return
-        link = delivery.link
-        data = link.recv(delivery.pending)
-        link.advance()
-        link.flow(1)
+        delivery, data = received
         delivery.settle()
         self.replication.wiring_message(decode_control(data))
 
