@@ -307,6 +307,41 @@ def ping(broker: str, timeout: float) -> None:
     click.echo("ok")
 
 
+# -- benchmarks and dashboards (they live in the repository, beside the package) ---------------
+
+_PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []}
+BENCHMARKS = {"throughput": "benchmarks.throughput", "ha-throughput": "benchmarks.ha_throughput",
+              "catchup": "benchmarks.catchup", "failover": "benchmarks.failover"}
+
+
+def _run_module_main(module: str, argv: list[str]) -> None:
+    import importlib
+
+    repo = Path(__file__).resolve().parent.parent
+    if str(repo) not in sys.path:
+        sys.path.insert(0, str(repo))
+    try:
+        entry = importlib.import_module(module).main
+    except ImportError as error:
+        raise click.ClickException(f"{module} is not available ({error}); run from a clone of the repository")
+    sys.exit(entry(argv))
+
+
+@main.command(context_settings=_PASS_THROUGH)
+@click.argument("name", type=click.Choice(sorted(BENCHMARKS)))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench(name: str, args: tuple[str, ...]) -> None:
+    """Run a benchmark (arguments go to it; --help shows them)."""
+    _run_module_main(BENCHMARKS[name], list(args))
+
+
+@main.command(context_settings=_PASS_THROUGH)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def dashboard(args: tuple[str, ...]) -> None:
+    """Build the failover-timing dashboard from traces (arguments go to spark_analysis.failover_dashboard)."""
+    _run_module_main("spark_analysis.failover_dashboard", list(args))
+
+
 # -- local cluster -------------------------------------------------------------------
 
 
