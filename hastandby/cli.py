@@ -323,7 +323,8 @@ def _run_module_main(module: str, argv: list[str]) -> None:
     try:
         entry = importlib.import_module(module).main
     except ImportError as error:
-        raise click.ClickException(f"{module} is not available ({error}); run from a clone of the repository")
+        raise click.ClickException(f"{module} is not available ({error}); run from a clone of the repository") \
+            from None
     sys.exit(entry(argv))
 
 

@@ -6,12 +6,10 @@ Each test is named after the scenario of Qpid's src/tests/ha_tests.py it ports.
 from __future__ import annotations
 
 import signal
-import time
 
 import pytest
 from proton import ConnectionException, Message
 from proton.reactor import Copy
-from proton.utils import ConnectionClosed
 
 from benchmarks import cexamples
 from hastandby.client import ManagementClient, ManagementError

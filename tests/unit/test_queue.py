@@ -65,7 +65,7 @@ def test_no_message_goes_to_two_consumers():
     a, b = FakeConsumer(credit=100), FakeConsumer(credit=100)
     q.add_consumer(a)
     q.add_consumer(b)
-    for i in range(50):
+    for _ in range(50):
         q.enqueue(b"x")
     ids_a = {m[0] for m in a.got}
     ids_b = {m[0] for m in b.got}
@@ -105,7 +105,7 @@ def test_browser_resumes_after_compaction():
     q = make()
     browser = FakeConsumer(credit=1, browsing=True)
     q.add_consumer(browser)
-    for i in range(5000):
+    for _ in range(5000):
         q.enqueue(b"x")
     for msg_id in range(2, 4000):
         q.dequeue(msg_id, "consumed")
