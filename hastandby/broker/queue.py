@@ -119,13 +119,17 @@ class Queue:
 
         ``msg_id`` is given only by a replica, which takes the primary's ids;
         a message whose id is already present is a duplicate and is dropped.
+        A replica does not apply its ring policy itself: the primary's ring
+        drops reach it as dequeues, and only the primary knows which messages
+        are acquired (its ring skips those, a replica would drop them).
         """
+        replica = msg_id is not None
         if msg_id is None:
             msg_id = self.next_id
             self.next_id = msg_id + 1
         elif msg_id >= self.next_id:
             self.next_id = msg_id + 1
-        if self.settings.policy == "ring":
+        if self.settings.policy == "ring" and not replica:
             self._make_room(len(data))
         ids = self._ids
         if not ids or msg_id > ids[-1]:
