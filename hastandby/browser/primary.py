@@ -127,7 +127,12 @@ class RemoteBackup:
         self.subscriptions.clear()
 
     def describe(self) -> dict[str, Any]:
-        return {"node_id": self.node_id, "url": self.url, "state": self.state, "connected": self.connected}
+        # ``expected`` tells a backup in catch-up whether it may stay ``backup``
+        # (ready): a new primary guarded every message for the backups it
+        # expects, so nothing acknowledged is missing from them; any other
+        # backup in catch-up may lack acknowledged messages.
+        return {"node_id": self.node_id, "url": self.url, "state": self.state, "connected": self.connected,
+                "expected": self.expected}
 
 
 class PrimaryReplication:
@@ -220,15 +225,39 @@ class PrimaryReplication:
         node_id = str(info.get("node_id", ""))
         if not node_id:
             raise InvalidArgument("qpid.ha-backup needs a node_id")
+        url = str(info.get("url", ""))
         backup = self.backups.get(node_id)
         if backup is None:
-            backup = RemoteBackup(node_id, str(info.get("url", "")), expected=False)
+            backup = self._expected_at(url)
+            if backup is not None:
+                # The expected backup's process was restarted (without --data-dir
+                # a node gets a new id each start).  Same address, same member:
+                # it takes over the guards made for it, which hold everything
+                # acknowledged since the promotion until it has it, as a
+                # restarted Qpid broker keeps its system id.
+                log.info("expected backup is back with a new node id", backup=node_id,
+                         was=backup.node_id, url=url)
+                del self.backups[backup.node_id]
+                backup.node_id = node_id
+            else:
+                backup = RemoteBackup(node_id, url, expected=False)
             self.backups[node_id] = backup
         return backup
 
+    def _expected_at(self, url: str) -> RemoteBackup | None:
+        """The expected backup at ``url`` that has not reconnected yet, if any."""
+        if not url:
+            return None
+        return next((b for b in self.backups.values() if b.expected and not b.connected and b.url == url), None)
+
     def _attach_wiring(self, link: Link, backup: RemoteBackup) -> WiringLink:
         if backup.wiring is not None:  # a reconnect before we saw the old one go
+            # Closing it forgets that RemoteBackup (see ``disconnected``): go on
+            # with a fresh one that is in ``self.backups``, or this connection
+            # and its browsers (which look the backup up again) would use two
+            # different objects, and the backup would never become ready.
             backup.wiring.close()
+            backup = self._backup({"node_id": backup.node_id, "url": backup.url})
         backup.connected = True
         backup.state = "catchup"
         backup.catchup = {q.name for q in self._replicated_queues()}

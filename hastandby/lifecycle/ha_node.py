@@ -240,8 +240,19 @@ class HaNode:
     def _members(self, term: int, members: list[dict[str, Any]]) -> None:
         self.members = members
         mine = next((m for m in members if m.get("node_id") == self.node.node_id), None)
-        if mine is not None and mine.get("state") == "ready" and self.status.state is State.CATCHUP:
-            self.fire(Event.CAUGHT_UP)
+        if mine is None:
+            return
+        if mine.get("state") == "ready":
+            if self.status.state is State.CATCHUP:
+                self.fire(Event.CAUGHT_UP)
+        elif self.status.state is State.BACKUP and not mine.get("expected"):
+            # The primary counts us as a new backup catching up: it dropped us
+            # (heartbeat, backup timeout) or never expected us, and acknowledged
+            # messages without us meanwhile.  We must not stay promotable until
+            # we have them again (Qpid's ready -> catchup).
+            log.warning("the primary does not count this node as ready: catching up again",
+                        primary=(self.backup.primary or {}).get("url"), reported=mine.get("state"))
+            self.fire(Event.DROPPED_BY_PRIMARY)
 
     def _lost(self, reason: str) -> None:
         if self.election is not None:
