@@ -61,6 +61,9 @@ def main() -> None:
               help="seconds a new primary waits for an expected backup to reconnect")
 @click.option("--client-redirect", is_flag=True,
               help="a backup closes client connections with amqp:connection:redirect to the primary")
+@click.option("--client-refusal", type=click.Choice(["abort", "forced"]), default="abort", show_default=True,
+              help="how a backup turns clients away otherwise: drop the connection (clients with a URL list "
+                   "move on) or an AMQP close with amqp:connection:forced naming the primary")
 @click.option("--etcd", help="etcd client URL (http://HOST:PORT): etcd elects the primary")
 @click.option("--cluster", "cluster_name", default="hastandby", show_default=True, help="cluster name in etcd")
 @click.option("--node-id", help="this node's id (default: kept in --data-dir, or random)")
@@ -69,7 +72,7 @@ def main() -> None:
 def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, replicate: str | None,
           max_message_size: int, no_auto_create: bool, heartbeat: float | None, ha_cluster: bool,
           brokers_url: str, public_url: str | None, backup_timeout: float, client_redirect: bool,
-          etcd: str | None, cluster_name: str, node_id: str | None, lease_ttl: int) -> None:
+          client_refusal: str, etcd: str | None, cluster_name: str, node_id: str | None, lease_ttl: int) -> None:
     """Run a node until SIGINT/SIGTERM."""
     from . import logs
     from .node import Node, NodeConfig
@@ -94,8 +97,9 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
             from .lifecycle.ha_node import HaConfig, HaNode
 
             brokers = [b.strip() for b in brokers_url.split(",") if b.strip()]
-            HaNode(node, HaConfig(brokers, public_url, backup_timeout, client_redirect, heartbeat,
-                                  etcd=etcd, cluster=cluster_name, lease_ttl=lease_ttl))
+            HaNode(node, HaConfig(brokers=brokers, public_url=public_url, backup_timeout=backup_timeout,
+                                  client_redirect=client_redirect, client_refusal=client_refusal,
+                                  heartbeat=heartbeat, etcd=etcd, cluster=cluster_name, lease_ttl=lease_ttl))
         node.run()
     except OSError as error:
         raise click.ClickException(f"cannot serve on {listen}: {error}") from None

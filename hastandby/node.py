@@ -21,7 +21,7 @@ from proton import Condition
 from . import __version__
 from .broker.management import Management
 from .broker.registry import Registry
-from .broker.server import BrokerHandler
+from .broker.server import BrokerHandler, Refusal
 from .broker.store import WiringStore
 
 log = structlog.get_logger("hastandby.node")
@@ -73,6 +73,7 @@ class Node:
         self.handler.container_id = f"hastandby-{self.node_id}"
         self.driver = self.handler.driver
         self.status_extras: list[Callable[[], dict[str, Any]]] = []
+        self.shutdown_refusal = Refusal(Condition("amqp:connection:forced", "node shutting down"))
         self.on_start: list[Callable[[], None]] = []
         self.on_stop: list[Callable[[], None]] = []
         self._listener: Any = None
@@ -155,7 +156,7 @@ class Node:
             fn()
         if self._listener is not None:
             self._listener.close()
-        self.handler.close_all(Condition("amqp:connection:forced", "node shutting down"))
+        self.handler.close_all(self.shutdown_refusal)
         self.schedule(SHUTDOWN_GRACE, self._finish)
 
     def _finish(self) -> None:

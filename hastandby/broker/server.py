@@ -7,7 +7,7 @@ keeps serving everyone else.
 
 Hooks for the layers above (the core knows nothing of HA):
 
-- ``admission(connection) -> Condition | None``: refuse a connection at open
+- ``admission(connection) -> Refusal | None``: refuse a connection at open
   (a backup refuses clients).
 - ``attach_hooks``: each may claim an incoming attach before the default
   handling (HA's replicating subscriptions).
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import uuid as uuidlib
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import structlog
@@ -34,7 +35,24 @@ from .management import Management, ManagementLink
 from .queue import Queue
 from .registry import REPLICATE, Registry, queue_settings
 
-Admission = Callable[[Connection], "Condition | None"]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """How a connection is turned away.
+
+    With ``abort`` the transport is dropped without an AMQP open or close (the
+    peer sees the connection abort), which is what makes python-qpid-proton
+    clients move on to the next URL of their list: after an AMQP close they
+    give up, and after an AMQP open they restart at the list's first URL.
+    Without it, an AMQP open and a close carrying ``condition``.
+    """
+
+    condition: Condition
+    abort: bool = False
+
+
+Admission = Callable[[Connection], "Refusal | None"]
 AttachHook = Callable[[Link], Any]
 
 log = structlog.get_logger("hastandby.server")
@@ -124,13 +142,16 @@ class BrokerHandler(Handler):
     def on_connection_remote_open(self, event: Event) -> None:
         connection = event.connection
         refusal = self.admission(connection)
+        if refusal is not None:
+            log.info("connection refused", container=connection.remote_container,
+                     reason=refusal.condition.description, abort=refusal.abort)
+            if not refusal.abort:
+                connection.container = self.container_id
+                connection.open()
+            self._end(connection, refusal)
+            return
         connection.container = self.container_id
         connection.open()
-        if refusal is not None:
-            log.info("connection refused", container=connection.remote_container, reason=refusal.description)
-            connection.condition = refusal
-            connection.close()
-            return
         self.connections.add(connection)
 
     @guarded
@@ -157,18 +178,27 @@ class BrokerHandler(Handler):
             self._drop_link(link)
             link = link.next(0)
 
-    def close_connection(self, connection: Connection, condition: Condition | None = None) -> None:
-        """Close one client connection, releasing what its links held."""
+    def close_connection(self, connection: Connection, refusal: Refusal) -> None:
+        """End one client connection (closed or aborted), releasing what its links held."""
         self._drop_connection(connection)
-        if connection.state & Endpoint.LOCAL_ACTIVE:
-            if condition is not None:
-                connection.condition = condition
+        self._end(connection, refusal)
+
+    @staticmethod
+    def _end(connection: Connection, refusal: Refusal) -> None:
+        if refusal.abort:
+            transport = connection.transport
+            if transport is not None:
+                transport.condition = refusal.condition
+                transport.close_tail()
+                transport.close_head()
+        elif connection.state & Endpoint.LOCAL_ACTIVE:
+            connection.condition = refusal.condition
             connection.close()
 
-    def close_all(self, condition: Condition | None = None) -> None:
-        """Close every client connection (shutdown)."""
+    def close_all(self, refusal: Refusal) -> None:
+        """End every client connection (shutdown)."""
         for connection in list(self.connections):
-            self.close_connection(connection, condition)
+            self.close_connection(connection, refusal)
 
     # -- sessions --------------------------------------------------------------
 

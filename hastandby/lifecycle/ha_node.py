@@ -27,6 +27,7 @@ from hastandby.broker.errors import BrokerError, NotAllowed
 from hastandby.broker.management import MUTATING, Request
 from hastandby.broker.outbound import Address
 from hastandby.broker.queue import Queue
+from hastandby.broker.server import Refusal
 from hastandby.broker.registry import REPLICATE
 from hastandby.browser.backup import BackupReplication
 from hastandby.browser.primary import PrimaryReplication, backup_info
@@ -50,6 +51,7 @@ class HaConfig:
     public_url: str | None = None
     backup_timeout: float = 10.0
     client_redirect: bool = False
+    client_refusal: str = "abort"
     heartbeat: float = 2.0
     etcd: str | None = None
     cluster: str = "hastandby"
@@ -96,6 +98,9 @@ class HaNode:
         node.management.register("PROMOTE", self._promote)
         node.management.query_extras["ha"] = self._describe
         node.status_extras.append(self._status)
+        # Clients of a stopping cluster node should go straight to the next one.
+        node.shutdown_refusal = Refusal(Condition("amqp:connection:forced", "node shutting down"),
+                                        abort=config.client_refusal == "abort")
         node.on_start.append(self.backup.start)
         node.on_stop.append(lambda: self.fire(Event.STOP))
         self.election: ElectionLoop | None = None
@@ -217,10 +222,10 @@ class HaNode:
         log.error("replication halted", reason=reason)
 
     def _close_clients(self) -> None:
-        condition = self._refusal()
+        refusal = self._refusal()
         for connection in list(self.node.handler.connections):
             if not _is_admin(connection) and backup_info(connection) is None:
-                self.node.handler.close_connection(connection, condition)
+                self.node.handler.close_connection(connection, refusal)
 
     # -- backup side -----------------------------------------------------------------
 
@@ -327,24 +332,28 @@ class HaNode:
 
     # -- broker hooks --------------------------------------------------------------------------
 
-    def _refusal(self) -> Condition:
+    def _refusal(self) -> Refusal:
+        """How a client is turned away: redirect (if asked and known), forced close, or abort (default)."""
         primary = (self.backup.primary or {}).get("url")
         me = f"node {self.url} is {self.status.state}"
         if self.config.client_redirect and primary:
             host, port = split_hostport(primary)
             info = {symbol("network-host"): host, symbol("port"): port, symbol("hostname"): host}
-            return Condition("amqp:connection:redirect", f"{me}; the primary is {primary}", info)
+            return Refusal(Condition("amqp:connection:redirect", f"{me}; the primary is {primary}", info))
         where = f"; the primary is {primary}" if primary else "; the primary is not known yet"
-        return Condition("amqp:connection:forced", f"{me}, not the primary{where}")
+        condition = Condition("amqp:connection:forced", f"{me}, not the primary{where}")
+        return Refusal(condition, abort=self.config.client_refusal == "abort")
 
-    def _admit(self, connection: Connection) -> Condition | None:
+    def _admit(self, connection: Connection) -> Refusal | None:
         if _is_admin(connection):
             return None
         info = backup_info(connection)
         if info is not None:
             if info.get("node_id") == self.node.node_id:
-                return Condition("amqp:connection:forced", "a node does not replicate from itself")
-            return None if self.is_primary else self._refusal()
+                return Refusal(Condition("amqp:connection:forced", "a node does not replicate from itself"))
+            if self.is_primary:
+                return None
+            return Refusal(Condition("amqp:connection:forced", f"node {self.url} is {self.status.state}, not the primary"))
         return None if self.admitting and self.is_primary else self._refusal()
 
     def _attach(self, link: Link) -> Any:

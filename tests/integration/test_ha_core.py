@@ -8,12 +8,13 @@ from __future__ import annotations
 import signal
 
 import pytest
-from proton import ConnectionException, Message
+from proton import Message
 from proton.reactor import Copy
 
 from benchmarks import cexamples
 from hastandby.client import ManagementClient, ManagementError
 from tests.support.clients import browse, close_condition, connect, receive, send
+from tests.support.failover_client import NumberedSender
 
 ADMIN = {"properties": {"qpid.ha-admin": True}}
 
@@ -50,10 +51,20 @@ def test_failover_c_examples(cluster_factory):
 
 
 def test_backup_refuses_clients_with_forced_naming_the_primary(cluster_factory):
+    c = cluster_factory(2, "--client-refusal", "forced")
+    name, description, _ = close_condition(c[1].address)
+    assert name == "amqp:connection:forced"
+    assert f"the primary is 127.0.0.1:{c[0].port}" in description
+
+
+def test_backup_aborts_clients_by_default_so_a_url_list_moves_on(cluster_factory):
+    """python-qpid-proton gives up after an AMQP close, and restarts its URL list
+    after an AMQP open; a dropped connection makes it try the next URL."""
     c = cluster_factory(2)
-    with pytest.raises(ConnectionException, match="connection:forced.*primary is 127.0.0.1:%d" % c[0].port):
-        conn = connect(c[1].address)
-        conn.create_sender("q")
+    assert close_condition(c[1].address) is None  # no AMQP open or close: the connection drops
+    sender = NumberedSender([c[1].url, c[0].url], "q", count=5, time_limit=15)
+    sender.run()
+    assert sorted(sender.accepted_set) == [1, 2, 3, 4, 5]
 
 
 def test_client_redirect(cluster_factory):

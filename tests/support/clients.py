@@ -94,7 +94,8 @@ class _CloseRecorder(MessagingHandler):
         event.connection.close()
 
     def on_transport_error(self, event: Any) -> None:
-        event.connection.close()
+        if event.connection is not None:
+            event.connection.close()
 
 
 def close_condition(address: str) -> tuple[str, str, dict] | None:
