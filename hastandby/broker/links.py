@@ -16,7 +16,7 @@ from proton import Condition, Delivery, Link
 
 from . import sections
 from .completion import Completion
-from .errors import BrokerError, NotFound
+from .errors import BrokerError, InvalidArgument, NotFound
 from .queue import Queue
 
 if TYPE_CHECKING:
@@ -182,6 +182,11 @@ class IncomingLink:
         credit = lib.pn_link_credit(impl)
         if credit < self.window // 2:
             lib.pn_link_flow(impl, self.window - credit)
+        if not data:
+            # proton's reconnect re-sends an in-doubt delivery as an empty transfer:
+            # no message, nothing to queue (a consumer could not decode it).
+            _reject(delivery, InvalidArgument("an empty transfer is not a message"))
+            return
         if lib.pn_delivery_settled(delivery):
             try:
                 self._route(data, None)

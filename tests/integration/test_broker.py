@@ -337,3 +337,18 @@ def test_json_logs(node):
     record = json.loads(first)
     assert record["event"] == "node serving" and record["level"] == "info"
 
+
+
+def test_empty_transfer_is_rejected_not_queued(node):
+    """python-qpid-proton re-sends an in-doubt delivery after a reconnect as an empty transfer."""
+    conn = connect(node.address)
+    try:
+        sender = conn.create_sender("empties")
+        delivery = sender.link.delivery(sender.link.delivery_tag())
+        sender.link.advance()  # a transfer with no payload at all
+        conn.wait(lambda: delivery.remote_state != 0, timeout=5)
+        assert delivery.remote_state == Delivery.REJECTED
+        assert delivery.remote.condition.name == "amqp:invalid-field"
+    finally:
+        conn.close()
+    assert depth(node, "empties") == 0
