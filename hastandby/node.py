@@ -153,7 +153,10 @@ class Node:
         self._stopping = True
         log.info("node stopping", node_id=self.node_id)
         for fn in self.on_stop:
-            fn()
+            try:
+                fn()
+            except Exception:  # a stop must always finish: log and go on
+                log.exception("stop hook failed")
         if self._listener is not None:
             self._listener.close()
         self.handler.close_all(self.shutdown_refusal)
