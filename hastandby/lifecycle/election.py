@@ -66,6 +66,7 @@ class ElectionLoop:
         self.snapshot: ClusterSnapshot | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._pending = threading.Event()  # a role change is on its way to the reactor
         self._requests: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="hastandby-election", daemon=True)
 
@@ -128,6 +129,10 @@ class ElectionLoop:
                 log.warning("etcd request failed", error=str(error))
 
     def _cycle(self) -> None:
+        if self._pending.is_set():
+            # The node's status is about to change; deciding on the old one would
+            # e.g. give back a leader key just won, or campaign twice.
+            return
         coordinator = self.coordinator
         try:
             snapshot: ClusterSnapshot | None = coordinator.read_snapshot()
@@ -156,18 +161,29 @@ class ElectionLoop:
             term = self._guarded(coordinator.campaign)
             if term:
                 log.info("won the election", term=term, new_cluster=decision.new_cluster)
-                node.call_soon_threadsafe(lambda: self._won(decision.won_event, term))
+                self._on_reactor(lambda: self._won(decision.won_event, term))
         elif isinstance(decision, FollowLeader):
             leader = decision.leader
-            node.call_soon_threadsafe(lambda: node.follow(leader))
+            self._on_reactor(lambda: node.follow(leader))
         elif isinstance(decision, StepDown):
-            node.call_soon_threadsafe(lambda: node.fire(decision.event))
+            self._on_reactor(lambda: node.fire(decision.event))
         elif isinstance(decision, RemoveStaleLeaderKey):
             self._guarded(lambda: coordinator.resign(decision.term))
         elif isinstance(decision, ClearHandover):
             self._guarded(coordinator.clear_handover)
-        if isinstance(decision, (Campaign, StepDown, FollowLeader)):
-            self._wake.set()  # publish the new member state promptly
+
+    def _on_reactor(self, fn: Callable[[], Any]) -> None:
+        """Hand a role change to the reactor; no decision is taken until it has run."""
+        self._pending.set()
+
+        def run() -> None:
+            try:
+                fn()
+            finally:
+                self._pending.clear()
+                self._wake.set()
+
+        self.node.call_soon_threadsafe(run)
 
     def _won(self, event: Event, term: int) -> None:
         if not self.node.fire(event, term):

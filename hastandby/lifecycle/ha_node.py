@@ -59,6 +59,11 @@ class HaConfig:
     lease_margin: float = 0.5
 
 
+# Events whose refusal is an answer, not a broken role: an older primary's term
+# (the backup refuses it), an election won too late (the key is given back).
+_REFUSABLE = (Event.CONNECTED_TO_PRIMARY, Event.WON_ELECTION, Event.WON_ELECTION_NEW_CLUSTER)
+
+
 class NotPromotable(BrokerError):
     condition = "amqp:precondition-failed"
     status = 409
@@ -165,7 +170,7 @@ class HaNode:
         except IllegalTransition as error:
             log.error("illegal transition", current=str(error.current), trigger=str(event),
                       target=str(error.target) if error.target else None, reason=error.reason)
-            if error.target is None or event is not Event.CONNECTED_TO_PRIMARY:
+            if event not in _REFUSABLE:
                 self._halt(str(error))
             return False
         self.status = transition.status

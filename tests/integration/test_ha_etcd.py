@@ -1,0 +1,703 @@
+"""etcd-driven failover against real node processes and a real etcd server.
+
+Every node is a real ``python -m hastandby serve --etcd URL --cluster NAME
+--node-id ID --lease-ttl 2 --brokers-url ...`` process (tests/support/nodes.py)
+and etcd is the real server (tests/support/etcd.py): nobody promotes anyone
+by hand unless the test says so; etcd's leader key decides.  One etcd serves
+the module, each test uses a cluster name of its own.
+
+Timings (failover after kill -9, handover after SIGTERM, operator handover)
+are printed (``pytest -s``) and bounded by assertions.  Two clocks are used:
+the test's own polling (what a client would notice) and the nodes' JSON log
+timestamps (what the nodes did), both against the wall-clock time of the
+signal.  Every node is stopped by PID at teardown, SIGSTOPped ones included,
+and every node's log is printed then (pytest shows it when a test fails).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+from proton import Message
+from proton.handlers import MessagingHandler
+from proton.reactor import Container
+
+from benchmarks import cexamples
+from hastandby.client import ManagementClient, ManagementError
+from tests.support.etcd import EtcdServer
+from tests.support.failover_client import NumberedSender, drain
+from tests.support.nodes import REPO, NodeProcess, free_port
+
+pytestmark = pytest.mark.etcd
+
+TTL = 2  # --lease-ttl: the shortest lease etcd grants with its default election timeout
+POLL = 0.02  # seconds between status polls while timing a failover
+
+
+# -- a cluster elected by etcd ------------------------------------------------------------------
+
+
+class EtcdHa:
+    """``size`` nodes of one etcd cluster (``--node-id n0 ... nN``); stopped by PID in ``stop()``."""
+
+    def __init__(self, etcd: EtcdServer, log_dir: Path, size: int) -> None:
+        self.etcd = etcd
+        self.log_dir = Path(log_dir)
+        self.name = f"t{uuid.uuid4().hex[:8]}"
+        self.ids = [f"n{i}" for i in range(size)]
+        self.ports = [free_port() for _ in range(size)]
+        self.brokers_url = ",".join(f"127.0.0.1:{p}" for p in self.ports)
+        self.nodes = [self._make(i) for i in range(size)]
+        self.retired: list[NodeProcess] = []
+
+    def _make(self, index: int) -> NodeProcess:
+        return NodeProcess(self.log_dir, "--etcd", self.etcd.client_url, "--cluster", self.name,
+                           "--node-id", self.ids[index], "--lease-ttl", str(TTL),
+                           "--brokers-url", self.brokers_url,
+                           port=self.ports[index], name=self.ids[index])
+
+    def __getitem__(self, index: int) -> NodeProcess:
+        return self.nodes[index]
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def start(self) -> "EtcdHa":
+        for node in self.nodes:
+            node.start(wait=False)
+        for node in self.nodes:
+            node.wait_ready()
+        return self
+
+    def restart(self, index: int) -> NodeProcess:
+        """A fresh process for a node that was killed (same id, port and log file)."""
+        self.retired.append(self.nodes[index])
+        node = self.nodes[index] = self._make(index)
+        node.start(wait=False)
+        return node
+
+    def stop(self) -> None:
+        for node in self.nodes + self.retired:
+            node.stop()
+
+    # -- asking the nodes ---------------------------------------------------------------------
+
+    def status(self, index: int, timeout: float = 2.0) -> dict[str, Any] | None:
+        try:
+            with ManagementClient(self.nodes[index].address, timeout=timeout) as client:
+                return client.request("STATUS")
+        except ManagementError:
+            return None
+
+    def state(self, index: int) -> str | None:
+        status = self.status(index)
+        return status["state"] if status else None
+
+    def wait_state(self, index: int, state: str, timeout: float = 20.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        status = None
+        while time.monotonic() < deadline:
+            status = self.status(index)
+            if status and status["state"] == state:
+                return status
+            time.sleep(0.05)
+        raise AssertionError(f"{self.ids[index]} is {status and status['state']}, not {state}, "
+                             f"after {timeout} s")
+
+    def wait_following(self, index: int, primary: int, timeout: float = 20.0) -> dict[str, Any]:
+        """Wait until node ``index`` is a backup replicating from node ``primary``; its status."""
+        deadline = time.monotonic() + timeout
+        status = None
+        while time.monotonic() < deadline:
+            status = self.status(index)
+            if status and status["state"] == "backup" and status["primary"] == self.nodes[primary].address:
+                return status
+            time.sleep(0.05)
+        raise AssertionError(f"{self.ids[index]} does not follow {self.ids[primary]} after {timeout} s: {status}")
+
+    def wait_settled(self, among: list[int] | None = None, timeout: float = 20.0) -> int:
+        """Wait until exactly one of ``among`` is primary and the others are backups; its index."""
+        among = list(range(len(self))) if among is None else among
+        deadline = time.monotonic() + timeout
+        states: list[str | None] = []
+        while time.monotonic() < deadline:
+            states = [self.state(i) for i in among]
+            if states.count("primary") == 1 and states.count("backup") == len(among) - 1:
+                return among[states.index("primary")]
+            time.sleep(0.1)
+        raise AssertionError(f"cluster did not settle in {timeout} s: {dict(zip(among, states))}")
+
+    def wait_new_primary(self, among: list[int], timeout: float) -> tuple[int, float]:
+        """Poll ``among`` until one is primary: (its index, monotonic time it was first seen)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for index in among:
+                if self.state(index) == "primary":
+                    return index, time.monotonic()
+            time.sleep(POLL)
+        raise AssertionError(f"none of {[self.ids[i] for i in among]} became primary in {timeout} s: "
+                             f"{[self.state(i) for i in among]}")
+
+    def leader(self) -> tuple[str, int] | None:
+        """etcd's leader key as (node id, term), read through etcd's JSON gateway."""
+        key = f"/hastandby/{self.name}/leader"
+        request = urllib.request.Request(
+            f"{self.etcd.client_url}/v3/kv/range",
+            data=json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode())
+        with urllib.request.urlopen(request, timeout=2) as response:
+            kvs = json.load(response).get("kvs") or []
+        if not kvs:
+            return None
+        value = json.loads(base64.b64decode(kvs[0]["value"]))
+        return value["node_id"], int(kvs[0]["create_revision"])
+
+    def events(self, index: int, event: str) -> list[dict[str, Any]]:
+        """The node's JSON log records named ``event`` (all runs of this node id)."""
+        records = []
+        try:
+            text = self.nodes[index].log_path.read_text(errors="replace")
+        except OSError:
+            return []
+        for line in text.splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("event") == event:
+                records.append(record)
+        return records
+
+    def create_queue(self, index: int, name: str) -> None:
+        with ManagementClient(self.nodes[index].address, timeout=10) as client:
+            client.request("CREATE", "queue", name)
+
+    def depth(self, index: int, name: str) -> int | None:
+        with ManagementClient(self.nodes[index].address, timeout=10) as client:
+            queues = client.request("QUERY")["queues"]
+        return next((q["depth"] for q in queues if q["name"] == name), None)
+
+
+def log_time(record: dict[str, Any]) -> float:
+    """A log record's wall-clock time (structlog's ISO UTC timestamp) as a POSIX timestamp."""
+    return datetime.fromisoformat(record["timestamp"]).timestamp()
+
+
+def first_after(records: list[dict[str, Any]], since: float,
+                match: Callable[[dict[str, Any]], bool] = lambda r: True) -> dict[str, Any] | None:
+    return next((r for r in records if log_time(r) >= since and match(r)), None)
+
+
+def hastandby(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    """Run the ``hastandby`` CLI as an operator would."""
+    return subprocess.run([sys.executable, "-m", "hastandby", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def status_json(node: NodeProcess) -> dict[str, Any]:
+    result = hastandby("status", "--json", "-b", node.address, timeout=15)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def etcd() -> Iterator[EtcdServer]:
+    with EtcdServer() as server:
+        yield server
+
+
+@pytest.fixture
+def ha(etcd, tmp_path) -> Iterator[Callable[[int], EtcdHa]]:
+    """Start etcd clusters of real nodes; every node is stopped by PID, and its log printed, at teardown."""
+    clusters: list[EtcdHa] = []
+
+    def start(size: int = 3) -> EtcdHa:
+        cluster = EtcdHa(etcd, tmp_path, size)
+        clusters.append(cluster)
+        return cluster.start()
+
+    yield start
+    for cluster in clusters:
+        cluster.stop()
+        for node in cluster.retired + cluster.nodes:
+            print(f"===== {node.log_path.name} =====\n{node.log()}")
+
+
+# -- a producer tied to one node ------------------------------------------------------------------
+
+
+class PinnedProducer(MessagingHandler):
+    """Sends numbered messages to ONE url, no reconnect; records every outcome with its time.
+
+    It keeps at most ``window`` messages unsettled; ``burst(n)`` sends ``n``
+    more at once regardless of the window.  ``unsettled()``, ``accepted`` and
+    the connection's fate may be read from the test's thread.
+    """
+
+    def __init__(self, url: str, address: str, window: int = 50, time_limit: float = 90.0) -> None:
+        super().__init__(auto_settle=True)
+        self.url = url
+        self.address = address
+        self.window = window
+        self.time_limit = time_limit
+        self.lock = threading.Lock()
+        self.in_flight: dict[int, float] = {}  # number -> monotonic time sent
+        self.accepted: dict[int, float] = {}  # number -> monotonic time of the accepted outcome
+        self.other_outcomes: dict[int, str] = {}  # rejected / released / modified
+        self.closed: list[tuple[float, str]] = []  # (time, what) for remote closes and transport errors
+        self.errors: list[str] = []
+        self.flowing = True
+        self._burst = 0
+        self._next = 1
+        self._stop = threading.Event()
+        self._sender: Any = None
+        self._connection: Any = None
+        self._started = 0.0
+        self._thread = threading.Thread(target=self._run, name="PinnedProducer", daemon=True)
+
+    # -- test thread ------------------------------------------------------------------------
+
+    def start(self) -> "PinnedProducer":
+        self._started = time.monotonic()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+    def burst(self, count: int) -> None:
+        with self.lock:
+            self._burst += count
+
+    def last_sent(self) -> int:
+        with self.lock:
+            return self._next - 1
+
+    def sent_since(self, number: int) -> set[int]:
+        """Numbers sent after ``number``."""
+        with self.lock:
+            return set(range(number + 1, self._next))
+
+    def wait_unsettled(self, count: int, quiet: float, timeout: float) -> None:
+        """Wait until ``count`` messages are unsettled and nothing was accepted for ``quiet`` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.lock:
+                last = max(self.accepted.values(), default=0.0)
+                if len(self.in_flight) >= count and time.monotonic() - last >= quiet:
+                    return
+            assert time.monotonic() < deadline, (f"{len(self.in_flight)} of {count} unsettled after "
+                                                 f"{timeout} s: {self.errors}")
+            time.sleep(0.02)
+
+    def wait_sent(self, number: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.last_sent() < number:
+            assert time.monotonic() < deadline, f"only {self.last_sent()} of {number} sent in {timeout} s"
+            time.sleep(0.01)
+
+    def accepted_numbers(self) -> set[int]:
+        with self.lock:
+            return set(self.accepted)
+
+    def unsettled(self) -> set[int]:
+        with self.lock:
+            return set(self.in_flight)
+
+    def accepted_after(self, moment: float) -> dict[int, float]:
+        with self.lock:
+            return {n: t for n, t in self.accepted.items() if t > moment}
+
+    def wait_accepted(self, count: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if len(self.accepted) >= count:
+                    return
+            time.sleep(0.02)
+        raise AssertionError(f"only {len(self.accepted)} of {count} accepted in {timeout} s: {self.errors}")
+
+    def _run(self) -> None:
+        try:
+            Container(self).run()
+        except Exception as error:  # recorded for the assertion messages
+            self.errors.append(f"{type(error).__name__}: {error}")
+
+    # -- container thread -----------------------------------------------------------------
+
+    def on_start(self, event: Any) -> None:
+        self._connection = event.container.connect(self.url, reconnect=False)
+        self._sender = event.container.create_sender(self._connection, self.address)
+        event.container.schedule(POLL, self)
+
+    def on_timer_task(self, event: Any) -> None:
+        if self._stop.is_set() or time.monotonic() - self._started > self.time_limit:
+            if self._connection is not None:
+                self._connection.close()
+            return
+        self._send()
+        event.container.schedule(POLL, self)
+
+    def on_sendable(self, event: Any) -> None:
+        self._send()
+
+    def _send(self) -> None:
+        sender = self._sender
+        if sender is None or self.closed:
+            return
+        with self.lock:
+            while sender.credit > 0 and (self._burst > 0 or (self.flowing and len(self.in_flight) < self.window)):
+                if self._burst > 0:
+                    self._burst -= 1
+                number = self._next
+                self._next += 1
+                sender.send(Message(body=number), tag=str(number))
+                self.in_flight[number] = time.monotonic()
+
+    def _outcome(self, event: Any, what: str) -> None:
+        number = int(event.delivery.tag)
+        with self.lock:
+            self.in_flight.pop(number, None)
+            if what == "accepted":
+                self.accepted[number] = time.monotonic()
+            else:
+                self.other_outcomes[number] = what
+
+    def on_accepted(self, event: Any) -> None:
+        self._outcome(event, "accepted")
+        self._send()
+
+    def on_rejected(self, event: Any) -> None:
+        self._outcome(event, "rejected")
+
+    def on_released(self, event: Any) -> None:
+        self._outcome(event, "released")
+
+    def on_connection_remote_close(self, event: Any) -> None:
+        self.closed.append((time.monotonic(), f"closed by the node: {event.connection.remote_condition}"))
+        event.connection.close()
+
+    def on_transport_error(self, event: Any) -> None:
+        self.closed.append((time.monotonic(), f"transport error: {event.transport.condition}"))
+
+    def on_link_error(self, event: Any) -> None:
+        self.errors.append(f"link: {event.link.remote_condition}")
+
+
+# -- the scenarios --------------------------------------------------------------------------------
+
+
+def test_fresh_cluster_elects_exactly_one_primary(ha):
+    """Three connecting nodes and no operator: etcd makes one primary, the others follow it."""
+    started = time.monotonic()
+    c = ha(3)
+    primary = c.wait_settled()
+    print(f"\nfresh cluster of 3 settled {time.monotonic() - started:.2f} s after the first start")
+    leader = c.leader()
+    assert leader is not None and leader[0] == c.ids[primary]
+    term = leader[1]
+    for _ in range(int(2 * TTL / 0.25)):  # stable for two TTLs: one primary, always the same one
+        statuses = [c.status(i) for i in range(3)]
+        assert [s and s["state"] for s in statuses].count("primary") == 1, statuses
+        assert statuses[primary]["state"] == "primary"
+        for index, status in enumerate(statuses):
+            assert status["term"] == term, (index, status)
+            if index != primary:
+                assert status["state"] == "backup", (index, status)
+                assert status["primary"] == c[primary].address, (index, status)
+        time.sleep(0.25)
+    assert c.leader() == leader
+    wins = {c.ids[i]: len(c.events(i, "won the election")) for i in range(3)}
+    assert wins == {c.ids[i]: int(i == primary) for i in range(3)}, wins
+
+
+def test_kill_9_primary_fails_over_without_losing_acknowledged_messages(ha):
+    """kill -9 the primary: a backup wins once the lease expires; every accepted message is there."""
+    c = ha(3)
+    old = c.wait_settled()
+    old_term = c.status(old)["term"]
+    c.create_queue(old, "q")
+    sender = NumberedSender([c[old].url], "q", count=2000, time_limit=60).start()
+    assert sender.join(60) and sender.done, (sender.accepted_count, sender.errors)
+    assert not sender.missing()
+
+    others = [i for i in range(3) if i != old]
+    killed_at, killed_mono = time.time(), time.monotonic()
+    c[old].kill()
+    new, seen_at = c.wait_new_primary(others, timeout=4 * TTL + 5)
+    polled = seen_at - killed_mono
+    won = first_after(c.events(new, "won the election"), killed_at)
+    assert won is not None
+    logged = log_time(won) - killed_at
+    print(f"\nkill -9 failover (TTL {TTL} s): {c.ids[new]} won {logged:.2f} s after the kill "
+          f"(node log), seen primary by polling after {polled:.2f} s")
+    assert logged < TTL + 2.5, "a killed primary's lease should expire about one TTL later"
+
+    new_status = c.wait_state(new, "primary")
+    assert new_status["term"] > old_term
+    assert c.leader() == (c.ids[new], new_status["term"])
+    survivor = next(i for i in others if i != new)
+    follower = c.wait_following(survivor, new)
+    assert follower["term"] == new_status["term"], follower
+
+    receiver = drain([c[new].url], "q", sender.accepted_set, time_limit=30)
+    assert not receiver.missing(sender.accepted_set), f"acknowledged messages lost: " \
+        f"{receiver.missing(sender.accepted_set)[:20]}"
+    print(f"all {len(sender.accepted_set)} accepted messages received from the new primary "
+          f"({receiver.duplicates} duplicates)")
+
+
+def test_catchup_node_is_never_elected_nor_promoted(ha):
+    """The primary dies while the only other node is still catching up: nobody may win.
+
+    A catchup replica is incomplete; electing it would lose messages.  So the
+    cluster stays without a primary (Qpid's documented "hang" failure mode)
+    rather than elect it, however many TTLs pass, and an operator's promote is
+    refused with a clear message.
+    """
+    c = ha(2)
+    primary = c.wait_settled()
+    backup = 1 - primary
+    term = c.status(primary)["term"]
+    c.create_queue(primary, "big")
+    sent = cexamples.run_send("127.0.0.1", c[primary].port, "big", 300_000)
+    assert cexamples.sent_count(sent) == 300_000
+
+    c[backup].kill()
+    c.restart(backup)  # an empty replica: catching up 300,000 messages takes a while
+    c.wait_state(backup, "catchup", timeout=15)
+    killed_at = time.time()
+    c[primary].kill()
+    assert c.state(backup) == "catchup", "the node finished catching up before the primary died"
+
+    refused = hastandby("promote", "-b", c[backup].address)
+    assert refused.returncode != 0
+    assert "still catching up" in refused.stderr, refused.stderr
+
+    deadline = time.monotonic() + 4 * TTL
+    seen = set()
+    while time.monotonic() < deadline:
+        state = c.state(backup)
+        seen.add(state)
+        assert state in ("catchup", "connecting"), f"a catchup node became {state}"
+        # The dead primary's key lingers until its lease expires; nobody else's may appear.
+        assert c.leader() in (None, (c.ids[primary], term)), "a leader was elected with no caught-up backup"
+        time.sleep(0.2)
+    assert c.leader() is None, "the dead primary's leader key did not expire"
+    assert first_after(c.events(backup, "won the election"), killed_at) is None
+    decisions = [r for r in c.events(backup, "election decision") if r["decision"] == "Campaign"]
+    assert all(log_time(r) < killed_at for r in decisions), decisions
+    status = c.status(backup)
+    assert status["state"] in ("catchup", "connecting") and status["term"] == term, status
+    print(f"\ncatchup node stayed {sorted(s for s in seen if s)} for {4 * TTL} s after kill -9 of the primary")
+
+
+def test_sigstopped_primary_is_replaced_and_acknowledges_nothing_after_resuming(ha):
+    """SIGSTOP the primary past its lease: another node wins; after SIGCONT the old one demotes.
+
+    A producer stays connected to the old primary alone (one URL, no
+    reconnect).  Messages it had in flight when the primary froze, and those
+    it sends to the frozen primary and right after SIGCONT, must never come
+    back accepted: the old primary's lease is gone, so its ack gate holds
+    them, and it steps down and closes client connections.
+
+    So that the in-flight messages are really held, not merely acknowledged
+    by frames the primary had not written yet when it froze, one backup is
+    frozen first for half a second: every message sent meanwhile waits for
+    that backup.  The primary freezes with them all held; the backup resumes
+    at once and accepts them, so the primary finds their completions waiting
+    when it resumes, 5 s later, long after its lease expired.
+    """
+    c = ha(3)
+    old = c.wait_settled()
+    old_term = c.status(old)["term"]
+    others = [i for i in range(3) if i != old]
+    slow = others[0]
+    c.create_queue(old, "q")
+    producer = PinnedProducer(c[old].url, "q", window=50).start()
+    try:
+        producer.wait_accepted(500, timeout=30)
+        c[slow].signal(signal.SIGSTOP)  # from now on every new message waits for this backup
+        try:
+            producer.wait_unsettled(50, quiet=0.3, timeout=10)
+            stopped_at, stopped_mono = time.time(), time.monotonic()
+            c[old].signal(signal.SIGSTOP)
+        finally:
+            c[slow].signal(signal.SIGCONT)
+        in_flight = producer.unsettled()
+        accepted_before = producer.accepted_numbers()
+        assert len(in_flight) == 50, "the frozen primary should hold a full window of messages"
+
+        new, _ = c.wait_new_primary(others, timeout=4 * TTL + 5)
+        won = first_after(c.events(new, "won the election"), stopped_at)
+        assert won is not None
+        print(f"\nSIGSTOP failover: {c.ids[new]} won {log_time(won) - stopped_at:.2f} s after SIGSTOP "
+              f"(TTL {TTL} s); {len(in_flight)} messages held by the frozen primary")
+        time.sleep(max(0.0, stopped_at + 4.8 - time.time()))
+        # Ten more go out to the frozen node, so that it surely reads them after resuming.
+        last_before_burst = producer.last_sent()
+        producer.burst(10)
+        producer.wait_sent(last_before_burst + 10, timeout=5)
+        time.sleep(max(0.0, stopped_at + 5.0 - time.time()))  # frozen for 5 s in all
+
+        last_before_resume = producer.last_sent()
+        resumed_at, resumed_mono = time.time(), time.monotonic()
+        c[old].signal(signal.SIGCONT)
+        producer.burst(10)  # and ten more right after SIGCONT, unless the node closed the connection first
+        time.sleep(3.0)  # give the old primary every chance to (wrongly) acknowledge
+        late = {n: (round(t - stopped_mono, 3), round(t - resumed_mono, 3))
+                for n, t in sorted(producer.accepted_after(stopped_mono).items())}
+        closed = [(round(t - resumed_mono, 3), what) for t, what in producer.closed]
+        assert not late, (f"the deposed primary acknowledged {len(late)} messages after it froze "
+                          f"(number: (s after SIGSTOP, s after SIGCONT)): {dict(list(late.items())[:10])}; "
+                          f"connection: {closed}")
+        after_resume = producer.sent_since(last_before_resume)
+        sent_to_frozen = producer.sent_since(last_before_burst) - after_resume
+        assert not producer.accepted_numbers() & (in_flight | sent_to_frozen | after_resume)
+        print(f"after SIGCONT: none of {len(in_flight)} held + {len(sent_to_frozen)} sent while frozen + "
+              f"{len(after_resume)} of 10 sent after SIGCONT was accepted; {len(producer.unsettled())} unsettled; "
+              f"other outcomes {sorted(set(producer.other_outcomes.values()))}; connection (s after SIGCONT): "
+              f"{closed or 'still open'}")
+    finally:
+        producer.stop()
+
+    # The old primary stepped down (lost its lease), then followed the new primary as a backup.
+    changes = [r for r in c.events(old, "state change") if log_time(r) >= resumed_at]
+    assert changes, "the old primary logged no state change after resuming"
+    assert changes[0]["previous"].startswith("primary") and changes[0]["now"].startswith("connecting"), changes
+    assert changes[0]["trigger"] == "lost_lease", changes
+    new_term = c.status(new)["term"]
+    status = c.wait_following(old, new)
+    assert status["term"] == new_term > old_term, status
+    assert any(r["now"] == f"backup term {new_term}" for r in changes[1:]), changes
+
+    # Every message the producer saw accepted is on the new primary.
+    receiver = drain([c[new].url], "q", accepted_before, time_limit=30)
+    assert not receiver.missing(accepted_before), receiver.missing(accepted_before)[:20]
+
+
+def test_stale_term_primary_is_not_followed(ha):
+    """After a SIGSTOP failover the resumed old primary has an older term: the backups ignore it.
+
+    ``status --json`` shows the terms: the new primary's is newer; the other
+    backup keeps following the new primary, never the resumed one; the old
+    primary ends as a backup in the new term.
+    """
+    c = ha(3)
+    old = c.wait_settled()
+    old_term = status_json(c[old])["term"]
+    others = [i for i in range(3) if i != old]
+    stopped_at = time.time()
+    c[old].signal(signal.SIGSTOP)
+    new, _ = c.wait_new_primary(others, timeout=4 * TTL + 5)
+    third = next(i for i in others if i != new)
+    new_term = c.wait_state(new, "primary")["term"]
+    assert new_term > old_term
+    assert c.wait_following(third, new)["term"] == new_term
+
+    c[old].signal(signal.SIGCONT)
+    resumed_at = time.time()
+    first_seen = c.status(old)  # may still say primary, in its old term, for an instant
+    assert first_seen is not None and first_seen["term"] in (old_term, new_term), first_seen
+    if first_seen["state"] == "primary":
+        assert first_seen["term"] == old_term
+    samples = []
+    deadline = time.monotonic() + 1.5 * TTL
+    while time.monotonic() < deadline:
+        backup, primary = status_json(c[third]), status_json(c[new])
+        samples.append((backup["state"], backup["term"], primary["state"], primary["term"]))
+        assert backup["state"] == "backup" and backup["term"] == new_term, backup
+        assert backup["primary"] == c[new].address, backup
+        assert primary["state"] == "primary" and primary["term"] == new_term, primary
+        assert c.leader() == (c.ids[new], new_term)
+    final = c.wait_following(old, new)
+    assert final["term"] == new_term, final
+    print(f"\nterms: old primary {old_term}, new primary {new_term}; resumed old primary first reported "
+          f"{first_seen['state']} term {first_seen['term']}; {len(samples)} samples of the others in term {new_term}")
+
+    # Nobody followed the old term after the failover; the old primary stepped down from it.
+    for index in (third, new):
+        late = [r for r in c.events(index, "following the primary") if log_time(r) >= stopped_at]
+        assert all(r["term"] == new_term for r in late), late
+    down = first_after(c.events(old, "state change"), resumed_at - 0.5,
+                       lambda r: r["previous"].startswith("primary") and r["previous"].endswith(f"term {old_term}"))
+    assert down is not None and down["now"] == f"connecting term {old_term}", down
+    assert c.leader() == (c.ids[new], new_term)
+
+
+def test_sigterm_primary_hands_over_fast(ha):
+    """A graceful stop revokes the lease: a backup wins at once, not a TTL later."""
+    c = ha(3)
+    old = c.wait_settled()
+    c.create_queue(old, "q")
+    sender = NumberedSender([c[old].url], "q", count=500, time_limit=60).start()
+    assert sender.join(60) and sender.done, (sender.accepted_count, sender.errors)
+
+    others = [i for i in range(3) if i != old]
+    signalled_at, signalled_mono = time.time(), time.monotonic()
+    c[old].signal(signal.SIGTERM)
+    new, seen_at = c.wait_new_primary(others, timeout=TTL + 5)
+    polled = seen_at - signalled_mono
+    won = first_after(c.events(new, "won the election"), signalled_at)
+    stopping = first_after(c.events(old, "node stopping"), signalled_at)
+    assert won is not None and stopping is not None
+    logged = log_time(won) - signalled_at
+    print(f"\nSIGTERM handover: {c.ids[new]} won {logged * 1000:.0f} ms after SIGTERM "
+          f"({(log_time(won) - log_time(stopping)) * 1000:.0f} ms after the old primary began stopping; "
+          f"seen by polling after {polled:.2f} s)")
+    assert logged < 1.0, f"graceful handover took {logged:.2f} s: the lease was not revoked?"
+    assert c[old].proc.wait(10) == 0
+
+    survivor = next(i for i in others if i != new)
+    c.wait_following(survivor, new)
+    receiver = drain([c[new].url], "q", sender.accepted_set, time_limit=30)
+    assert not receiver.missing(sender.accepted_set)
+
+
+def test_operator_promote_hands_over_to_a_backup(ha):
+    """``hastandby promote -b BACKUP``: the primary steps down, the backup takes over, nothing lost."""
+    c = ha(3)
+    old = c.wait_settled()
+    old_term = c.status(old)["term"]
+    c.create_queue(old, "q")
+    sender = NumberedSender([c[old].url], "q", count=500, time_limit=60).start()
+    assert sender.join(60) and sender.done, (sender.accepted_count, sender.errors)
+
+    target = (old + 1) % 3
+    third = (old + 2) % 3
+    started_at, started = time.time(), time.monotonic()
+    result = hastandby("promote", "-b", c[target].address)
+    took = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    status = c.status(target)
+    assert status["state"] == "primary" and status["term"] > old_term, status
+    assert result.stdout.strip() == f"{c[target].address} is primary (term {status['term']})"
+    won = first_after(c.events(target, "won the election"), started_at)
+    demoted = first_after(c.events(old, "state change"), started_at, lambda r: r["trigger"] == "demoted")
+    assert won is not None and demoted is not None
+    assert demoted["previous"].startswith("primary") and demoted["now"].startswith("connecting"), demoted
+    print(f"\noperator handover: {c.ids[target]} won {log_time(won) - started_at:.2f} s after the promote "
+          f"command started ({(log_time(won) - log_time(demoted)) * 1000:.0f} ms after the old primary "
+          f"stepped down); the command returned after {took:.2f} s")
+
+    assert c.leader() == (c.ids[target], status["term"])
+    for index in (old, third):
+        follower = c.wait_following(index, target)
+        assert follower["term"] == status["term"], follower
+    again = hastandby("promote", "-b", c[target].address)
+    assert again.returncode == 0 and "is primary" in again.stdout, again
+
+    receiver = drain([c[target].url], "q", sender.accepted_set, time_limit=30)
+    assert not receiver.missing(sender.accepted_set)
