@@ -1,0 +1,1130 @@
+"""Failover of a hot-standby cluster under load: kill -9, SIGSTOP and SIGTERM of the primary.
+
+    python -m benchmarks.failover [--rounds 20] [--faults kill,stop,term] [--lease-ttl 2]
+        [--nodes 3] [--rate 200] [--out DIR]
+
+Each round, on loopback with free ports: a fresh etcd (temporary data
+directory) and N ``hastandby serve --etcd`` nodes with a cluster name of
+their own; once one node is primary and the others are backups, an
+``all``-replicated queue, a consumer and a producer (``failover_clients``:
+python-qpid-proton, URL list of every node, fixed 0.1 s reconnect delay, one
+numbered message every 1/rate s).  After a steady period the primary gets the
+fault: ``kill`` (SIGKILL), ``stop`` (SIGSTOP for 2 x TTL, then SIGCONT) or
+``term`` (SIGTERM, a graceful stop).  The round waits (bounded) for a new
+primary, for the producer's first acknowledgement from it and for every other
+surviving node to be a backup of it again, runs steady again, stops the
+producer, lets the consumer drain and stops every process by PID.
+
+Every round writes one trace in the format of ``docs/failover-traces.md``
+(names from ``spark_analysis.trace_schema``) into ``--out`` (default
+``benchmarks/results/failover-traces-<UTC>/``); the run writes a summary
+JSON to ``benchmarks/results/failover-<UTC>.json`` and prints a table per
+fault.  ``docs/failover-benchmark.md`` says how each event is observed.
+Exit code 1 if a round failed, lost an acknowledged message, or (SIGSTOP) the
+resumed old primary acknowledged anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from hastandby.client import ManagementClient, ManagementError
+from hastandby.lifecycle.cluster import ClusterKeys
+from spark_analysis import trace_schema as ts
+
+from ._proc import LOOPBACK, Service, free_port, python_env
+from .failover_clients import HEARTBEAT, RECONNECT_DELAY
+from .throughput import DEFAULT_OUT, REPO_ROOT, host_info
+
+FAULT_ALIASES = {
+    "kill": ts.FAULT_KILL9, "kill9": ts.FAULT_KILL9,
+    "stop": ts.FAULT_SIGSTOP, "sigstop": ts.FAULT_SIGSTOP,
+    "term": ts.FAULT_SIGTERM, "sigterm": ts.FAULT_SIGTERM,
+}
+SIGNALS = {ts.FAULT_KILL9: signal.SIGKILL, ts.FAULT_SIGSTOP: signal.SIGSTOP, ts.FAULT_SIGTERM: signal.SIGTERM}
+QUEUE = "failover"
+PROBE_QUEUE = "failover-probe"  # the SIGSTOP fencing probe's queue
+PROBE_RATE = 50.0
+HARNESS = "harness"
+
+START_TIMEOUT = 60.0  # etcd up, nodes settled into one primary + backups
+FIRST_ACK_TIMEOUT = 15.0
+DRAIN_TIMEOUT = 15.0  # producer in-flight settled; consumer has every acknowledged number
+QUIET = 0.5  # the consumer is done once nothing arrived for this long (after it has everything acked)
+POLL = 0.05  # seconds between STATUS requests to each node
+WAIT_STEP = 0.01
+
+# Goals at lease TTL 2 s (the brief; docs/failover-benchmark.md).
+GOALS = {
+    ts.FAULT_KILL9: {"unavailability_p50_s": 2.5, "unavailability_max_s": 4.0},
+    ts.FAULT_SIGTERM: {"unavailability_p50_s": 0.5},
+    ts.FAULT_SIGSTOP: {},
+}
+GOAL_TTL = 2.0
+CAMPAIGN_WINDOW = 0.5  # s: how far before the watch's report a node's campaign decision may bound a deletion
+PORT_RETRIES = 2  # a round whose node lost its "free" port before the fault is started again
+MIN_LEASE_TTL = 2  # etcd raises shorter TTLs to about 1.5 x its election timeout (docs/lifecycle.md)
+
+
+def _etcd_binary() -> str:
+    candidate = os.environ.get("HASTANDBY_ETCD") or shutil.which("etcd") or "/usr/bin/etcd"
+    if not (os.path.isfile(candidate) and os.access(candidate, os.X_OK)):
+        raise RuntimeError(f"no etcd binary at {candidate} (Debian: apt-get install etcd-server, "
+                           "or set HASTANDBY_ETCD)")
+    return candidate
+
+
+def _wait_until(predicate: Callable[[], bool], timeout: float, tick: Callable[[], None] = lambda: None) -> bool:
+    """Poll ``predicate`` every WAIT_STEP until true or ``timeout``; ``tick`` runs every step."""
+    deadline = time.monotonic() + timeout
+    while True:
+        tick()
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(WAIT_STEP)
+
+
+# -- etcd --------------------------------------------------------------------------------------
+
+
+class Etcd:
+    """One single-member etcd on free loopback ports with a fresh data directory; stopped by PID."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.service: Service | None = None
+        self.url = ""
+
+    def start(self) -> str:
+        binary = _etcd_binary()
+        for attempt in range(3):  # another process may take a "free" port first
+            client, peer = free_port(), free_port()
+            self.url = f"http://{LOOPBACK}:{client}"
+            peer_url = f"http://{LOOPBACK}:{peer}"
+            data = self.workdir / f"etcd-data-{attempt}"
+            self.service = Service("etcd", [
+                binary, "--name", "failover", "--data-dir", str(data),
+                "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
+                "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+                "--initial-cluster", f"failover={peer_url}", "--initial-cluster-state", "new",
+                "--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn",
+            ], self.workdir / "etcd.log")
+            if _wait_until(lambda: self._answers() or not self.service.running(), 20.0) and self._answers():
+                return self.url
+            self.stop()
+        raise RuntimeError(f"etcd did not start: {self.workdir / 'etcd.log'}")
+
+    def _answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=1) as response:
+                return b'"true"' in response.read()
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def stop(self) -> None:
+        if self.service is not None:
+            self.service.stop(timeout=5)
+            self.service = None
+
+
+class ChildProcess:
+    """A client or the etcd watch as a child process (``benchmarks.failover_clients``); stopped by PID.
+
+    Reads its JSON status lines on a thread (``status`` is the latest; with
+    ``keep`` every line is kept in ``lines``); ``send`` writes a command line.
+    """
+
+    def __init__(self, name: str, argv: list[str], workdir: Path, keep: bool = False) -> None:
+        self.name = name
+        self.out = workdir / f"{name}.json"
+        self.log_path = workdir / f"{name}.log"
+        self.keep = keep
+        self.status: dict[str, Any] = {}
+        self.lines: list[dict[str, Any]] = []
+        self.record: dict[str, Any] | None = None
+        self.finished = False
+        with open(self.log_path, "ab") as log:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "benchmarks.failover_clients", *argv], cwd=REPO_ROOT, env=python_env(),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True,
+            )
+        self._reader = threading.Thread(target=self._read, name=f"failover-read-{name}", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for raw in self.popen.stdout:
+            try:
+                line = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(line, dict):
+                self.status = line
+                if self.keep:
+                    self.lines.append(line)
+
+    @property
+    def running(self) -> bool:
+        return self.popen.poll() is None
+
+    def send(self, command: str) -> None:
+        try:
+            assert self.popen.stdin is not None
+            self.popen.stdin.write((command + "\n").encode())
+            self.popen.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+
+    def finish(self, timeout: float = 10.0) -> dict[str, Any] | None:
+        """Ask it to stop (``stop``, end of input), wait, SIGKILL it if it does not; load what it recorded."""
+        if self.finished:
+            return self.record
+        self.finished = True
+        self.send("stop")
+        try:
+            assert self.popen.stdin is not None
+            self.popen.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(5)
+        self._reader.join(5)
+        try:
+            self.record = json.loads(self.out.read_text())
+        except (OSError, ValueError):
+            self.record = None
+        return self.record
+
+    def log_tail(self, lines: int = 5) -> str:
+        try:
+            return " | ".join(self.log_path.read_text(errors="replace").strip().splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+# -- nodes ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Seen:
+    """One STATUS observation that differed from the previous one (``status`` None: no answer)."""
+
+    sent: float  # time.time() when the request was sent
+    t: float  # when the answer (or the failure) came
+    status: dict[str, Any] | None
+
+
+class StatusPoller:
+    """Asks one node for STATUS every POLL seconds over one admin connection; keeps the changes."""
+
+    KEYS = ("state", "detail", "term", "primary", "halted", "queues")
+
+    def __init__(self, node_id: str, address: str) -> None:
+        self.node_id = node_id
+        self.address = address
+        self.history: list[Seen] = []
+        self.latest: dict[str, Any] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"failover-status-{node_id}", daemon=True)
+
+    def start(self) -> "StatusPoller":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        client: ManagementClient | None = None
+        previous: Any = "none yet"
+        while not self._stop.is_set():
+            sent = time.time()
+            try:
+                if client is None:
+                    client = ManagementClient(self.address, timeout=1.0)
+                reply = client.request("STATUS")
+                status: dict[str, Any] | None = {k: reply.get(k) for k in self.KEYS}
+            except ManagementError:
+                status = None
+                if client is not None:
+                    client.close()
+                    client = None
+            self.latest = status
+            if status != previous:
+                self.history.append(Seen(sent, time.time(), status))
+                previous = status
+            self._stop.wait(POLL if status is not None else 0.1)
+        if client is not None:
+            client.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def state(self) -> str | None:
+        latest = self.latest
+        return latest["state"] if latest else None
+
+    def follows(self, primary_address: str) -> bool:
+        """A backup (caught up) replicating from ``primary_address``."""
+        latest = self.latest
+        return bool(latest and latest["state"] == "backup" and latest.get("primary") == primary_address)
+
+    def first_primary_after(self, t: float) -> Seen | None:
+        return next((s for s in self.history if s.t >= t and s.status and s.status["state"] == "primary"), None)
+
+
+@dataclass
+class NodeProc:
+    node_id: str
+    port: int
+    service: Service
+    poller: StatusPoller | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{LOOPBACK}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"amqp://{self.address}"
+
+
+def _stop_node(node: NodeProc) -> None:
+    if node.service.running():
+        try:
+            os.kill(node.service.pid, signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+        except ProcessLookupError:
+            pass
+    node.service.stop(timeout=5)
+
+
+def _epoch(iso: str) -> float:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+_TERM = re.compile(r"term (\d+)")
+
+
+def read_node_log(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of a node's log (``--log-format json``) with ``_t`` = epoch seconds."""
+    lines = []
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return lines
+    for raw in text.splitlines():
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(line, dict) and "event" in line and "timestamp" in line:
+            try:
+                line["_t"] = _epoch(str(line["timestamp"]))
+            except ValueError:
+                continue
+            lines.append(line)
+    return lines
+
+
+# -- one round -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Settings:
+    rounds: int
+    faults: list[str]
+    lease_ttl: int
+    nodes: int
+    rate: float
+    out: Path
+    results: Path
+    steady: float = 2.5
+    steady_after: float = 2.0
+    heartbeat: float = HEARTBEAT
+    reconnect_delay: float = RECONNECT_DELAY
+    recovery_timeout: float = 30.0
+    keep_logs: bool = False
+
+
+class RoundRunner:
+    """Runs one round; ``run()`` always stops what it started and returns the round's summary."""
+
+    def __init__(self, settings: Settings, run_id: str, fault: str, index: int, logs: Path) -> None:
+        self.s = settings
+        self.run_id = run_id
+        self.fault = fault
+        self.index = index
+        self.round_id = f"{run_id}-{fault}-r{index:03d}"
+        self.cluster = self.round_id  # a cluster name of its own in every round
+        self.logs = logs / self.round_id
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.node_ids = [f"n{i}" for i in range(1, settings.nodes + 1)]
+        self.etcd = Etcd(self.logs)
+        self.watch: ChildProcess | None = None
+        self.nodes: list[NodeProc] = []
+        self.producer: ChildProcess | None = None
+        self.consumer: ChildProcess | None = None
+        self.probe: ChildProcess | None = None
+        self.t_start = 0.0
+        self.t_fault: float | None = None
+        self.t_resume: float | None = None
+        self.resume_due: float | None = None
+        self.primary: NodeProc | None = None
+        self.new_primary: NodeProc | None = None
+        self.t_teardown: float | None = None  # nodes' events from here on are the harness stopping them
+        self.notes: list[str] = []
+
+    # -- the round ---------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        self.t_start = time.time()
+        error: str | None = None
+        try:
+            self._form()
+            self._load()
+            self._inject()
+            self._recover()
+            self._finish_load()
+        except Exception as exc:  # noqa: BLE001 - the round fails, the run goes on
+            error = f"{type(exc).__name__}: {exc}"
+        finally:  # also on KeyboardInterrupt: every process we started is stopped by PID
+            self._teardown()
+        return self._report(error)
+
+    def _form(self) -> None:
+        url = self.etcd.start()
+        self.watch = ChildProcess("watch", ["watch", "--etcd", url, "--key", ClusterKeys(self.cluster).leader],
+                                  self.logs, keep=True)
+        watch = self.watch
+        if not _wait_until(lambda: any(line.get("kind") == "created" for line in watch.lines) or not watch.running,
+                           20.0) or not watch.running:
+            raise RuntimeError(f"etcd watch did not start: {watch.log_tail()}")
+        for node_id in self.node_ids:
+            port = free_port()
+            argv = [sys.executable, "-m", "hastandby", "serve", "--listen", f"{LOOPBACK}:{port}",
+                    "--etcd", url, "--cluster", self.cluster, "--node-id", node_id,
+                    "--lease-ttl", str(self.s.lease_ttl), "--log-format", "json"]
+            service = Service(node_id, argv, self.logs / f"{node_id}.log", cwd=REPO_ROOT, env=python_env())
+            self.nodes.append(NodeProc(node_id, port, service))
+        for node in self.nodes:
+            node.poller = StatusPoller(node.node_id, node.address).start()
+
+        def settled() -> bool:
+            for node in self.nodes:
+                if not node.service.running():
+                    raise RuntimeError(f"{node.node_id} exited: {node.service.log_tail()}")
+            primaries = [n for n in self.nodes if n.poller.state() == "primary"]
+            return len(primaries) == 1 and all(
+                n.poller.follows(primaries[0].address) for n in self.nodes if n is not primaries[0])
+
+        if not _wait_until(settled, START_TIMEOUT):
+            raise RuntimeError(f"cluster did not settle: {self._states()}")
+        self.primary = next(n for n in self.nodes if n.poller.state() == "primary")
+        queues = [QUEUE, PROBE_QUEUE] if self.fault == ts.FAULT_SIGSTOP else [QUEUE]
+        before = {n.node_id: int((n.poller.latest or {}).get("queues") or 0) for n in self.nodes}
+        with ManagementClient(self.primary.address, timeout=10) as client:
+            for queue in queues:
+                client.request("CREATE", "queue", queue, {"arguments": {"qpid.replicate": "all"}})
+        if not _wait_until(lambda: all(int((n.poller.latest or {}).get("queues") or 0) >= before[n.node_id] + len(queues)
+                                       for n in self.nodes), 10.0):
+            raise RuntimeError(f"queues {queues} did not reach every backup: {self._states()}")
+
+    def _states(self) -> str:
+        return ", ".join(f"{n.node_id}={n.poller.latest if n.poller else None}" for n in self.nodes)
+
+    def _load(self) -> None:
+        urls = ",".join(n.url for n in self.nodes)
+        common = ["--urls", urls, "--address", QUEUE, "--heartbeat", str(self.s.heartbeat),
+                  "--reconnect-delay", str(self.s.reconnect_delay)]
+        self.consumer = ChildProcess("consumer", ["consumer", *common, "--out", str(self.logs / "consumer.json")],
+                                     self.logs)
+        self.producer = ChildProcess("producer", ["producer", *common, "--out", str(self.logs / "producer.json"),
+                                                  "--rate", str(self.s.rate), "--round", self.round_id,
+                                                  "--t0", repr(self.t_start)], self.logs)
+        if self.fault == ts.FAULT_SIGSTOP:
+            self.probe = ChildProcess("probe", [
+                "producer", "--urls", self.primary.url, "--address", PROBE_QUEUE, "--pin", "--heartbeat", "0",
+                "--out", str(self.logs / "probe.json"), "--rate", str(PROBE_RATE), "--round", self.round_id,
+                "--t0", repr(self.t_start)], self.logs)
+        for client in filter(None, (self.producer, self.probe)):
+            if not _wait_until(lambda: client.status.get("first_ack_t") is not None or not client.running,
+                               FIRST_ACK_TIMEOUT) or client.status.get("first_ack_t") is None:
+                raise RuntimeError(f"{client.name} got no acknowledgement: {client.status} {client.log_tail()}")
+        producer = self.producer
+        first = float(producer.status["first_ack_t"])
+        time.sleep(max(0.0, first + self.s.steady - time.time()))
+        if not self.primary.service.running() or self.primary.poller.state() != "primary":
+            raise RuntimeError(f"the primary changed before the fault: {self._states()}")
+
+    def _inject(self) -> None:
+        os.kill(self.primary.service.pid, SIGNALS[self.fault])
+        self.t_fault = time.time()
+        if self.fault == ts.FAULT_SIGSTOP:  # frozen for 2 x TTL (etcd grants at least MIN_LEASE_TTL)
+            self.resume_due = time.monotonic() + 2 * max(self.s.lease_ttl, MIN_LEASE_TTL)
+
+    def _tick(self) -> None:
+        """Runs in every wait after the fault: SIGCONT the stopped primary when due."""
+        if self.resume_due is not None and self.t_resume is None and time.monotonic() >= self.resume_due:
+            os.kill(self.primary.service.pid, signal.SIGCONT)
+            self.t_resume = time.time()
+
+    def _new_primary(self) -> NodeProc | None:
+        return next((n for n in self.nodes if n is not self.primary and n.poller.state() == "primary"), None)
+
+    def _acked_by_new(self) -> bool:
+        """The producer's latest acknowledgement came after the fault from another node than the faulted one."""
+        last = self.producer.status.get("last_ack")
+        return bool(last) and last[0] >= self.t_fault and last[1] != self.primary.url
+
+    def _recover(self) -> None:
+        def recovered() -> bool:
+            new = self._new_primary()
+            if new is None or not self._acked_by_new():
+                return False
+            self.new_primary = new
+            others = [n for n in self.nodes if n is not self.primary and n is not new]
+            if not all(n.poller.follows(new.address) for n in others):
+                return False
+            if self.fault == ts.FAULT_SIGSTOP:  # the resumed old primary must rejoin as a backup
+                return self.t_resume is not None and self.primary.poller.follows(new.address)
+            return True
+
+        if not _wait_until(recovered, self.s.recovery_timeout, self._tick):
+            self.new_primary = self.new_primary or self._new_primary()
+            raise RuntimeError(f"no recovery within {self.s.recovery_timeout:g} s: new primary "
+                               f"{self.new_primary and self.new_primary.node_id}, producer acked by it: "
+                               f"{self._acked_by_new()}, states {self._states()}")
+        _wait_until(lambda: False, self.s.steady_after, self._tick)
+
+    def _finish_load(self) -> None:
+        producer, consumer = self.producer, self.consumer
+        producer.send("stop-sending")
+        if not _wait_until(lambda: producer.status.get("in_flight") == 0, DRAIN_TIMEOUT, self._tick):
+            self.notes.append(f"producer still had {producer.status.get('in_flight')} unsettled sends at the end")
+        record = producer.finish()
+        if record is None:
+            raise RuntimeError(f"producer left no record: {producer.log_tail()}")
+        expected = self.logs / "acknowledged.json"
+        expected.write_text(json.dumps(sorted({number for _, number, _ in record["acks"]})))
+        consumer.send(f"expect {expected}")
+        if not _wait_until(lambda: consumer.status.get("missing") == 0, DRAIN_TIMEOUT, self._tick):
+            self.notes.append(f"consumer still missed {consumer.status.get('missing')} acknowledged numbers")
+        last = [consumer.status.get("received"), time.monotonic()]
+
+        def quiet() -> bool:
+            if consumer.status.get("received") != last[0]:
+                last[:] = [consumer.status.get("received"), time.monotonic()]
+            return time.monotonic() - last[1] >= QUIET
+
+        _wait_until(quiet, 5.0)
+        consumer.finish()
+
+    def _teardown(self) -> None:
+        for child in (self.producer, self.consumer, self.probe):
+            if child is not None:
+                child.finish(timeout=5)
+        if self.watch is not None:
+            self.watch.finish(timeout=5)
+        self.t_teardown = time.time()
+        primaries = [n for n in self.nodes if n.poller is not None and n.poller.state() == "primary"]
+        for node in self.nodes:
+            if node.poller is not None:
+                node.poller.stop()
+        for node in sorted(self.nodes, key=lambda n: n in primaries):  # backups first: no elections
+            _stop_node(node)
+        self.etcd.stop()
+
+    # -- the trace ---------------------------------------------------------------------------
+
+    def _node_of(self, url: str) -> str:
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        return next((n.node_id for n in self.nodes if n.port == port), url)
+
+    def _line(self, t: float, event: str, src: str = HARNESS, **fields: Any) -> dict[str, Any]:
+        return {ts.ROUND: self.round_id, ts.T: round(t, 6), ts.EVENT: event, ts.SRC: src, **fields}
+
+    def _report(self, error: str | None) -> dict[str, Any]:
+        """Build the trace (if the fault happened) and the round's summary."""
+        lines: list[dict[str, Any]] = []
+        logs = {n.node_id: read_node_log(n.service.log_path) for n in self.nodes}
+        granted = sorted({int(line["ttl"]) for entries in logs.values() for line in entries
+                          if line["event"] == "lease granted" and "ttl" in line})
+        primary = self.primary.node_id if self.primary else None
+        start = self._line(self.t_start, ts.ROUND_START, **{
+            ts.SCHEMA: ts.SCHEMA_VERSION, ts.RUN: self.run_id, ts.FAULT: self.fault,
+            ts.LEASE_TTL_S: float(granted[-1] if granted else self.s.lease_ttl),
+            ts.NODES: self.s.nodes, ts.NODE_IDS: self.node_ids, ts.LOAD_MSG_S: float(self.s.rate),
+            "lease_ttl_requested_s": float(self.s.lease_ttl), "client_heartbeat_s": self.s.heartbeat,
+            "reconnect_delay_s": self.s.reconnect_delay, "queue": QUEUE, "cluster": self.cluster,
+        })
+        if primary:
+            start[ts.PRIMARY] = primary
+        lines.append(start)
+
+        # What the nodes logged about the election (upper bounds for the etcd events, see below).
+        won_logged = {(node, int(line["term"])): line["_t"] for node, entries in logs.items() for line in entries
+                      if line["event"] == "won election" and "term" in line}
+        campaigns = sorted(line["_t"] for entries in logs.values() for line in entries
+                           if line["event"] == "election decision" and line.get("decision") == "Campaign")
+
+        # etcd: the leader key's deletions and creations, as the watch process saw them arrive.
+        watch_lines = self.watch.lines if self.watch else []
+        last_put = 0.0
+        for item in watch_lines:
+            t, kind = float(item.get("t", 0)), item.get("kind")
+            if self.t_teardown is not None and t >= self.t_teardown:
+                break
+            if kind == "delete":
+                # A node campaigns only after it read that the key is gone, so a campaign decision
+                # shortly before the watch's report bounds the deletion too.  (Nodes that lose an
+                # election also log Campaign, just after the winner's put: hence the window.)
+                campaign = next((c for c in campaigns if max(last_put, t - CAMPAIGN_WINDOW) < c < t), None)
+                extra: dict[str, Any] = {"revision": item.get("revision"), "t_watch": round(t, 6)}
+                if campaign is not None and campaign < t:
+                    extra["t_first_campaign"] = round(campaign, 6)
+                lines.append(self._line(min(t, campaign if campaign is not None else t), ts.LEADER_KEY_GONE,
+                                        observed="etcd watch (earliest of watch and a node's campaign decision)",
+                                        **extra))
+            elif kind == "put" and item.get("version") == 1:
+                last_put = t
+                node, term = str(item.get("node")), int(item.get("revision", 0))
+                logged = won_logged.get((node, term))
+                extra = {"t_watch": round(t, 6)}
+                if logged is not None:
+                    extra["t_node_log"] = round(logged, 6)
+                lines.append(self._line(min(t, logged if logged is not None else t), ts.ELECTION_WON,
+                                        **{ts.NODE: node, ts.TERM: term},
+                                        observed="etcd watch and the winner's log (earliest)", **extra))
+            elif kind == "error":
+                self.notes.append(f"etcd watch: {item.get('error')}")
+
+        # The nodes' own logs: becoming primary; the primary's view of its backups.
+        node_problems: list[str] = []
+        for node in self.nodes:
+            node_id, poller = node.node_id, node.poller
+            for line in logs[node_id]:
+                t, name = line["_t"], line["event"]
+                if self.t_teardown is not None and t >= self.t_teardown:
+                    break
+                if name == "state change":
+                    before, now = str(line.get("previous", "")), str(line.get("now", ""))
+                    if now.startswith("primary") and not before.startswith("primary"):
+                        term = _TERM.search(now)
+                        seen = poller.first_primary_after(t) if poller else None
+                        extra = {"observed": f"{node_id} log: state change", "trigger": line.get("trigger")}
+                        if term:
+                            extra[ts.TERM] = int(term.group(1))
+                        if seen is not None:
+                            extra["t_status"] = round(seen.t, 6)
+                        lines.append(self._line(t, ts.PROMOTED, node_id, **{ts.NODE: node_id}, **extra))
+                    elif before.startswith("primary") and not now.startswith("primary"):
+                        lines.append(self._line(t, "stepped_down", node_id, **{ts.NODE: node_id},
+                                                trigger=line.get("trigger"), now=now))
+                elif name == "backup connected" and line.get("backup"):
+                    lines.append(self._line(t, ts.BACKUP_REATTACHED, node_id, **{ts.NODE: str(line["backup"])},
+                                            to=node_id, observed=f"{node_id} log: backup connected"))
+                elif name == "backup ready" and line.get("backup"):
+                    lines.append(self._line(t, ts.BACKUP_CAUGHT_UP, node_id, **{ts.NODE: str(line["backup"])},
+                                            to=node_id, observed=f"{node_id} log: backup ready"))
+                if line.get("level") in ("error", "critical") or name in ("illegal transition", "replication halted"):
+                    details = {k: v for k, v in line.items() if k not in ("event", "timestamp", "_t", "level")}
+                    node_problems.append(f"{node_id} {line['timestamp']}: {name} {json.dumps(details)}")
+
+        if self.t_fault is not None:
+            lines.append(self._line(self.t_fault, ts.FAULT_INJECTED,
+                                    **{ts.NODE: primary, ts.PID: self.primary.service.pid},
+                                    signal=SIGNALS[self.fault].name))
+        if self.t_resume is not None:
+            lines.append(self._line(self.t_resume, "fault_resumed", **{ts.NODE: primary}, signal="SIGCONT"))
+
+        producer = self.producer.record if self.producer else None
+        consumer = self.consumer.record if self.consumer else None
+        for record in (producer, consumer):
+            if record is None:
+                continue
+            for link in record["links"][1:]:
+                lines.append(self._line(link["t"], ts.CLIENT_RECONNECTED, record["role"], **{
+                    ts.CLIENT: record["role"], ts.NODE: self._node_of(link["url"])}, link=link["no"]))
+        first_after: list[Any] | None = None
+        if producer is not None and self.t_fault is not None:
+            links = producer["links"]
+            first_after = next((ack for ack in producer["acks"]
+                                if ack[0] >= self.t_fault and links[ack[2]]["url"] != self.primary.url), None)
+            if first_after is not None:
+                t, number, no = first_after
+                lines.append(self._line(t, ts.FIRST_ACCEPTED_AFTER_FAULT, ts.PRODUCER, **{
+                    ts.CLIENT: ts.PRODUCER, ts.NODE: self._node_of(links[no]["url"])}, number=number,
+                    observed="harness, from the producer's acknowledgements"))
+            lines.extend(producer["trace"])
+
+        tally, fencing = self._tally(producer, consumer)
+        if self.t_fault is not None and tally is not None:
+            lines.append(self._line(time.time(), ts.TALLY, **tally))
+        lines.append(self._line(time.time(), ts.ROUND_END))
+
+        wrote = None
+        if self.t_fault is not None:  # a round without a fault has nothing to analyse
+            middle = sorted(lines[1:-1], key=lambda line: line[ts.T])
+            self.s.out.mkdir(parents=True, exist_ok=True)
+            wrote = self.s.out / f"{self.round_id}{ts.TRACE_SUFFIX}"
+            with open(wrote, "w", encoding="utf-8") as out:
+                for line in [lines[0], *middle, lines[-1]]:
+                    out.write(json.dumps(line, separators=(",", ":")) + "\n")
+        return self._summary(error, lines, tally, fencing, node_problems, producer, wrote)
+
+    def _tally(self, producer: dict[str, Any] | None,
+               consumer: dict[str, Any] | None) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        if producer is None or consumer is None:
+            return None, {}
+        acked = {number for _, number, _ in producer["acks"]}
+        received = [number for _, number, _ in consumer["received"]]
+        seen = set(received)
+        lost = sorted(acked - seen)
+        tally = {
+            ts.SENT: producer["issued"],
+            ts.ACKNOWLEDGED: len(acked),
+            ts.RECEIVED: len(received),
+            ts.LOST_ACKNOWLEDGED: len(lost),
+            ts.DUPLICATED: len(received) - len(seen),
+            "transfers": producer["transfers"],
+            "resent": producer["resent"],
+            "rejected": len(producer["rejected"]),
+            "released": producer["released"],
+            "unsettled_at_end": producer["in_flight"],
+            "received_not_acknowledged": len(seen - acked),
+            "empty_messages_received": len(consumer["empty"]),
+            "undecodable_messages_received": len(consumer["undecodable"]),
+            "lost_numbers": lost[:20],
+        }
+        fencing: dict[str, Any] = {}
+        if self.t_fault is not None and self.primary is not None:
+            faulted, links = self.primary.url, producer["links"]
+            from_faulted = [t for t, _, no in producer["acks"] if t >= self.t_fault and links[no]["url"] == faulted]
+            fencing["acks_from_faulted_after_fault"] = len(from_faulted)
+            if from_faulted:
+                fencing["last_ack_from_faulted_after_fault_s"] = round(max(from_faulted) - self.t_fault, 6)
+            if self.fault == ts.FAULT_SIGSTOP:
+                after = [t for t in from_faulted if self.t_resume is not None and t >= self.t_resume]
+                fencing["acks_from_resumed_old_primary"] = len(after) if self.t_resume is not None else None
+                fencing["producer_links_to_old_primary_after_fault"] = sum(
+                    1 for link in links if link["t"] >= self.t_fault and link["url"] == faulted)
+                probe = self.probe.record if self.probe else None
+                if probe is not None:  # pinned to the old primary, still connected when it resumed
+                    acks = [t for t, _, _ in probe["acks"]]
+                    resumed = self.t_resume
+                    fencing["probe_acks_after_resume"] = (sum(1 for t in acks if t >= resumed)
+                                                          if resumed is not None else None)
+                    fencing["probe_acks_during_pause"] = sum(
+                        1 for t in acks if t >= self.t_fault and (resumed is None or t < resumed))
+                    fencing["probe_sent"] = probe["issued"]
+                    fencing["probe_unsettled_at_end"] = probe["in_flight"]
+                    fencing["probe_connected_at_resume"] = resumed is not None and not any(
+                        self.t_fault <= n["t"] < resumed for n in probe["notes"]
+                        if n["kind"] in ("disconnected", "refused", "transport_error"))
+                    fencing["probe_disconnected_after_resume_s"] = next(
+                        (round(n["t"] - resumed, 6) for n in probe["notes"]
+                         if resumed is not None and n["t"] >= resumed and n["kind"] in ("disconnected", "refused")),
+                        None)
+            tally.update(fencing)
+        return tally, fencing
+
+    def _summary(self, error: str | None, lines: list[dict[str, Any]], tally: dict[str, Any] | None,
+                 fencing: dict[str, Any], node_problems: list[str], producer: dict[str, Any] | None,
+                 wrote: Path | None) -> dict[str, Any]:
+        t_fault = None if self.t_fault is None else round(self.t_fault, 6)
+
+        def first(event: str, **match: Any) -> dict[str, Any] | None:
+            if t_fault is None:
+                return None
+            candidates = [line for line in lines if line[ts.EVENT] == event and line[ts.T] >= t_fault
+                          and all(line.get(k) == v for k, v in match.items())]
+            return min(candidates, key=lambda line: line[ts.T], default=None)
+
+        def rel(line: dict[str, Any] | None) -> float | None:
+            return None if line is None or t_fault is None else round(line[ts.T] - t_fault, 6)
+
+        milestones = {
+            "leader_key_gone": rel(first(ts.LEADER_KEY_GONE)),
+            "election_won": rel(first(ts.ELECTION_WON)),
+            "promoted": rel(first(ts.PROMOTED)),
+            "client_reconnected": rel(first(ts.CLIENT_RECONNECTED)),
+            "producer_reconnected": rel(first(ts.CLIENT_RECONNECTED, client=ts.PRODUCER)),
+            "consumer_reconnected": rel(first(ts.CLIENT_RECONNECTED, client=ts.CONSUMER)),
+            "first_accepted_after_fault": rel(first(ts.FIRST_ACCEPTED_AFTER_FAULT)),
+            "backup_reattached": rel(first(ts.BACKUP_REATTACHED)),
+            "backup_caught_up": rel(first(ts.BACKUP_CAUGHT_UP)),
+            "resumed": None if self.t_resume is None or t_fault is None else round(self.t_resume - t_fault, 6),
+        }
+        backups = {}
+        for node in self.nodes:
+            if node is self.new_primary:
+                continue
+            reattached = first(ts.BACKUP_REATTACHED, node=node.node_id)
+            caught_up = first(ts.BACKUP_CAUGHT_UP, node=node.node_id)
+            if reattached or caught_up:
+                backups[node.node_id] = {"reattached": rel(reattached), "caught_up": rel(caught_up)}
+        # Every surviving backup caught up with the new primary: until then a recovering primary
+        # holds each new message for them (released early only if a consumer takes it first).
+        survivors = [n.node_id for n in self.nodes if n is not self.primary and n is not self.new_primary]
+        promoted_line = first(ts.PROMOTED, node=self.new_primary.node_id) if self.new_primary else None
+        ready = []
+        for node_id in survivors:
+            line = None
+            if promoted_line is not None:
+                caught = [x for x in lines if x[ts.EVENT] == ts.BACKUP_CAUGHT_UP and x.get(ts.NODE) == node_id
+                          and x.get("to") == self.new_primary.node_id and x[ts.T] >= promoted_line[ts.T]]
+                line = min(caught, key=lambda x: x[ts.T], default=None)
+            ready.append(rel(line))
+        milestones["surviving_backups_ready"] = (max(ready) if ready and None not in ready else None)
+        # The dashboards' sequential phases (spark_analysis/phases.py), same definitions.
+        chain = ["leader_key_gone", "election_won", "promoted", "client_reconnected", "first_accepted_after_fault"]
+        phases: dict[str, float | None] = {}
+        previous: float | None = 0.0
+        for name, key in zip(("detection", "election", "promotion", "reconnect", "first_send"), chain):
+            value = milestones[key]
+            phases[name] = None if value is None or previous is None else round(value - previous, 6)
+            previous = value
+        # Not sequential (as in the dashboards): promoted -> first backup re-attached after the fault.
+        reattach, promoted = milestones["backup_reattached"], milestones["promoted"]
+        phases["reattach"] = None if reattach is None or promoted is None else round(reattach - promoted, 6)
+        gap = None
+        if producer is not None and t_fault is not None and producer["acks"]:
+            times = [t for t, _, _ in producer["acks"]]
+            before = [t for t in times if t < t_fault]
+            after = [t for t in times if t >= t_fault]
+            if before and after:
+                sequence = [before[-1]] + after
+                gap = round(max(b - a for a, b in zip(sequence, sequence[1:])), 6)
+        ok = error is None and tally is not None and tally[ts.LOST_ACKNOWLEDGED] == 0 and not (
+            self.fault == ts.FAULT_SIGSTOP and (fencing.get("acks_from_resumed_old_primary")
+                                                or fencing.get("probe_acks_after_resume")))
+        return {
+            "round": self.round_id,
+            "fault": self.fault,
+            "index": self.index,
+            "ok": ok,
+            "faulted": self.t_fault is not None,
+            "error": error,
+            "notes": self.notes,
+            "primary": self.primary.node_id if self.primary else None,
+            "new_primary": self.new_primary.node_id if self.new_primary else None,
+            "unavailability_s": milestones["first_accepted_after_fault"],
+            "largest_ack_gap_s": gap,
+            "milestones_s": milestones,
+            "phases_s": phases,
+            "backups_s": backups,
+            "tally": tally,
+            "fencing": fencing,
+            "node_problems": node_problems[:20],
+            "client_errors": [e for c in (self.producer, self.consumer) if c and c.record for e in c.record["errors"]][:5],
+            "trace": str(wrote) if wrote else None,
+            "logs": str(self.logs),
+        }
+
+
+# -- reporting -----------------------------------------------------------------------------------
+
+
+def nearest_rank(values: list[float], percent: int) -> float | None:
+    """The dashboards' percentile: the value at 1-based rank ceil(p*n/100) of the sorted values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[(percent * len(ordered) + 99) // 100 - 1]
+
+
+def _fmt(value: float | None, unit: str = "", digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}{unit}"
+
+
+def progress(result: dict[str, Any], total: int) -> None:
+    head = f"{result['fault']:<8} round {result['index']:>2}/{total}"
+    if result["error"] and result["unavailability_s"] is None:
+        print(f"{head}  *** FAILED *** {result['error']}", flush=True)
+        return
+    p = result["phases_s"]
+    tally = result["tally"] or {}
+    fencing = result["fencing"]
+    extra = ""
+    if result["fault"] == ts.FAULT_SIGSTOP:
+        extra = (f"  acks by the resumed old primary: producer {fencing.get('acks_from_resumed_old_primary')},"
+                 f" probe {fencing.get('probe_acks_after_resume')}"
+                 f" (probe connected at resume: {fencing.get('probe_connected_at_resume')})")
+    print(f"{head}  {result['primary']}->{result['new_primary']}  unavailable {_fmt(result['unavailability_s'], ' s')}"
+          f" (detect {_fmt(p['detection'])} elect {_fmt(p['election'], digits=3)} promote {_fmt(p['promotion'], digits=3)}"
+          f" reconnect {_fmt(p['reconnect'])} first-send {_fmt(p['first_send'])}; backup reattach {_fmt(p['reattach'])})"
+          f"  acked {tally.get(ts.ACKNOWLEDGED, '-')} lost {tally.get(ts.LOST_ACKNOWLEDGED, '-')}"
+          f" dup {tally.get(ts.DUPLICATED, '-')}{extra}"
+          + ("" if result["ok"] else f"  *** {result['error'] or 'NOT OK'} ***"), flush=True)
+    for problem in result["node_problems"][:3]:
+        print(f"    node problem: {problem[:300]}", flush=True)
+    for note in result["notes"]:
+        print(f"    note: {note}", flush=True)
+
+
+def summarize(results: list[dict[str, Any]], settings: Settings) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for fault in settings.faults:
+        mine = [r for r in results if r["fault"] == fault]
+        unavail = [r["unavailability_s"] for r in mine if r["unavailability_s"] is not None]
+        tallies = [r["tally"] for r in mine if r["tally"]]
+        row: dict[str, Any] = {
+            "rounds": len(mine),
+            "failed": sum(1 for r in mine if r["error"]),
+            "failed_before_fault": sum(1 for r in mine if not r.get("faulted", r.get("trace") is not None)),
+            "faulted": sum(1 for r in mine if r.get("faulted", r.get("trace") is not None)),
+            "recovered": len(unavail),
+            "unavailability_s": {"p50": nearest_rank(unavail, 50), "p90": nearest_rank(unavail, 90),
+                                 "max": max(unavail, default=None), "min": min(unavail, default=None)},
+            "surviving_backups_ready_s": {
+                "p50": nearest_rank([r["milestones_s"]["surviving_backups_ready"] for r in mine
+                                     if r["milestones_s"]["surviving_backups_ready"] is not None], 50),
+                "max": max((r["milestones_s"]["surviving_backups_ready"] for r in mine
+                            if r["milestones_s"]["surviving_backups_ready"] is not None), default=None)},
+            "largest_ack_gap_s_p50": nearest_rank([r["largest_ack_gap_s"] for r in mine
+                                                   if r["largest_ack_gap_s"] is not None], 50),
+            "phases_s_p50": {name: nearest_rank([r["phases_s"][name] for r in mine if r["phases_s"][name] is not None], 50)
+                             for name in ("detection", "election", "promotion", "reconnect", "first_send", "reattach")},
+            "lost_acknowledged": sum(t[ts.LOST_ACKNOWLEDGED] for t in tallies),
+            "rounds_losing_acknowledged": sum(1 for t in tallies if t[ts.LOST_ACKNOWLEDGED]),
+            "duplicated_total": sum(t[ts.DUPLICATED] for t in tallies),
+            "duplicated_p50": nearest_rank([t[ts.DUPLICATED] for t in tallies], 50),
+            "acknowledged_total": sum(t[ts.ACKNOWLEDGED] for t in tallies),
+        }
+        if fault == ts.FAULT_SIGSTOP:
+            row["probe_connected_at_resume_rounds"] = sum(1 for r in mine if r["fencing"].get("probe_connected_at_resume"))
+            row["acks_from_resumed_old_primary"] = sum((r["fencing"].get("acks_from_resumed_old_primary") or 0)
+                                                       + (r["fencing"].get("probe_acks_after_resume") or 0)
+                                                       for r in mine)
+        row["goals"] = _goals(fault, row, settings)
+        summary[fault] = row
+    return summary
+
+
+def _goals(fault: str, row: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """Goal checks (stated for lease TTL 2 s): {name: {"goal", "measured", "met"}}."""
+    goals: dict[str, Any] = {}
+    u = row["unavailability_s"]
+    wanted = GOALS.get(fault, {})
+    if "unavailability_p50_s" in wanted:
+        goals["unavailability_p50_s"] = {"goal": wanted["unavailability_p50_s"], "measured": u["p50"],
+                                         "met": u["p50"] is not None and u["p50"] <= wanted["unavailability_p50_s"]}
+    if "unavailability_max_s" in wanted:
+        complete = row["recovered"] == row["faulted"]  # every faulted round recovered
+        goals["unavailability_max_s"] = {"goal": wanted["unavailability_max_s"], "measured": u["max"],
+                                         "met": complete and u["max"] is not None and u["max"] <= wanted["unavailability_max_s"]}
+    goals["lost_acknowledged"] = {"goal": 0, "measured": row["lost_acknowledged"], "met": row["lost_acknowledged"] == 0}
+    if fault == ts.FAULT_SIGSTOP:
+        goals["acks_from_resumed_old_primary"] = {"goal": 0, "measured": row["acks_from_resumed_old_primary"],
+                                                  "met": row["acks_from_resumed_old_primary"] == 0}
+    if float(settings.lease_ttl) != GOAL_TTL:
+        for goal in goals.values():
+            goal["note"] = f"goal stated for lease TTL {GOAL_TTL:g} s"
+    return goals
+
+
+def print_summary(summary: dict[str, Any], settings: Settings) -> None:
+    print(f"\nfailover summary: {settings.nodes} nodes, lease TTL {settings.lease_ttl} s, {settings.rate:g} msg/s; "
+          "unavailability = fault -> first accepted send on the new primary (nearest-rank percentiles)")
+    header = (f"{'fault':<8}{'faulted':>8}{'recov':>6}{'unavail p50':>12}{'p90':>7}{'max':>7}"
+              f"{'ack gap p50':>12}{'lost acked':>11}{'dup total':>10}{'dup p50':>8}{'bk p50':>9}{'bk max':>7}  phases p50 s (detect/elect/promote/reconnect/first-send)")
+    print("(bk: fault -> every surviving backup caught up with the new primary, s)")
+    print(header)
+    for fault, row in summary.items():
+        u = row["unavailability_s"]
+        ph = row["phases_s_p50"]
+        print(f"{fault:<8}{row['faulted']:>8}{row['recovered']:>6}{_fmt(u['p50'], ' s'):>12}{_fmt(u['p90']):>7}"
+              f"{_fmt(u['max']):>7}{_fmt(row['largest_ack_gap_s_p50'], ' s'):>12}{row['lost_acknowledged']:>11}"
+              f"{row['duplicated_total']:>10}{_fmt(row['duplicated_p50'], digits=0):>8}"
+              f"{_fmt(row['surviving_backups_ready_s']['p50']):>9}{_fmt(row['surviving_backups_ready_s']['max']):>7}  "
+              f"{_fmt(ph['detection'])}/{_fmt(ph['election'], digits=3)}/{_fmt(ph['promotion'], digits=3)}/"
+              f"{_fmt(ph['reconnect'])}/{_fmt(ph['first_send'])}  reattach {_fmt(ph['reattach'])}")
+    for fault, row in summary.items():
+        if row["failed_before_fault"]:
+            print(f"{fault}: {row['failed_before_fault']} of {row['rounds']} rounds failed before the fault "
+                  "(see the round's error; not counted in the figures)")
+    print("\ngoals (at lease TTL 2 s):")
+    for fault, row in summary.items():
+        for name, goal in row["goals"].items():
+            verdict = "met" if goal["met"] else "MISSED"
+            measured = goal["measured"]
+            by = ""
+            if (not goal["met"] and isinstance(measured, (int, float)) and isinstance(goal["goal"], (int, float))
+                    and measured > goal["goal"]):
+                by = f" (by {measured - goal['goal']:.3g})"
+            elif not goal["met"] and name == "unavailability_max_s":
+                by = f" ({row['faulted'] - row['recovered']} faulted rounds did not recover)"
+            print(f"  {fault:<8} {name:<32} goal {goal['goal']:<5} measured {measured}{by}  {verdict}"
+                  + (f"  [{goal['note']}]" if goal.get("note") else ""))
+
+
+# -- main ----------------------------------------------------------------------------------------
+
+
+def parse_faults(text: str) -> list[str]:
+    faults = []
+    for name in (part.strip().lower() for part in text.split(",") if part.strip()):
+        if name not in FAULT_ALIASES:
+            raise argparse.ArgumentTypeError(f"unknown fault {name!r}: use kill, stop, term")
+        if FAULT_ALIASES[name] not in faults:
+            faults.append(FAULT_ALIASES[name])
+    if not faults:
+        raise argparse.ArgumentTypeError("no fault given")
+    return faults
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.failover", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=20, help="rounds per fault type")
+    parser.add_argument("--faults", type=parse_faults, default=parse_faults("kill,stop,term"),
+                        help="comma-separated: kill (SIGKILL), stop (SIGSTOP 2 x TTL), term (SIGTERM)")
+    parser.add_argument("--lease-ttl", type=int, default=2, help="etcd lease TTL of the nodes, seconds")
+    parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--rate", type=float, default=200.0, help="producer messages per second")
+    parser.add_argument("--out", type=Path, help="trace directory (default benchmarks/results/failover-traces-<UTC>/)")
+    parser.add_argument("--results", type=Path, default=DEFAULT_OUT, help="where the summary JSON goes")
+    parser.add_argument("--steady", type=float, default=2.5, help="seconds of acknowledged load before the fault")
+    parser.add_argument("--steady-after", type=float, default=2.0, help="seconds of load after recovery")
+    parser.add_argument("--client-heartbeat", type=float, default=HEARTBEAT,
+                        help="clients' idle timeout, seconds (detects a SIGSTOPped node)")
+    parser.add_argument("--recovery-timeout", type=float, default=30.0)
+    parser.add_argument("--keep-logs", action="store_true",
+                        help="keep every round's node logs (default: only rounds with a problem)")
+    args = parser.parse_args(argv)
+    if args.nodes < 2:
+        parser.error("--nodes must be at least 2 (a primary and a backup)")
+    if args.rounds < 1 or args.rate <= 0:
+        parser.error("--rounds and --rate must be positive")
+    started = datetime.now(UTC)
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    settings = Settings(
+        rounds=args.rounds, faults=args.faults, lease_ttl=args.lease_ttl, nodes=args.nodes, rate=args.rate,
+        out=args.out or DEFAULT_OUT / f"failover-traces-{stamp}", results=args.results, steady=args.steady,
+        steady_after=args.steady_after, heartbeat=args.client_heartbeat, recovery_timeout=args.recovery_timeout,
+        keep_logs=args.keep_logs,
+    )
+    run_id = f"failover-{stamp}"
+    command = shlex.join([sys.executable, "-m", "benchmarks.failover", *(sys.argv[1:] if argv is None else argv)])
+    host_at_start, code_at_start = host_info(), _worktree()  # the nodes run whatever is checked out
+    logs = Path(tempfile.mkdtemp(prefix="failover-logs-"))
+    print(f"failover: {settings.rounds} rounds x {', '.join(settings.faults)}; {settings.nodes} nodes, lease TTL "
+          f"{settings.lease_ttl} s, {settings.rate:g} msg/s; traces in {settings.out}; node logs in {logs}", flush=True)
+    results: list[dict[str, Any]] = []
+    interrupted = False
+    main_thread = threading.current_thread() is threading.main_thread()
+    # SIGTERM (e.g. from `timeout`) as Ctrl-C: the round's processes are stopped before exiting.
+    previous_term = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
+    try:
+        for index in range(1, settings.rounds + 1):
+            for fault in settings.faults:  # alternate the faults, so machine noise hits all alike
+                retried: list[str] = []
+                for attempt in range(1, PORT_RETRIES + 2):
+                    result = RoundRunner(settings, run_id, fault, index, logs).run()
+                    result["notes"] = retried + result["notes"]
+                    # free_port() races with other processes: a node that lost its port before the
+                    # fault is a harness problem, not a failover result; run the round again.
+                    if result["faulted"] or "Address already in use" not in (result["error"] or ""):
+                        break
+                    print(f"{fault:<8} round {index:>2}: a node lost its port to another process; "
+                          f"starting the round again", flush=True)
+                    shutil.rmtree(logs / result["round"], ignore_errors=True)
+                    retried.append(f"attempt {attempt} failed before the fault: {result['error'][:200]}")
+                results.append(result)
+                progress(result, settings.rounds)
+                _keep_logs(result, settings, logs)
+    except KeyboardInterrupt:
+        interrupted = True
+        print("\ninterrupted: every process of the round was stopped; summarising the finished rounds", flush=True)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous_term)
+    summary = summarize(results, settings)
+    print_summary(summary, settings)
+    report = {
+        "benchmark": "failover",
+        "command": command,
+        "started_utc": started.isoformat(timespec="seconds"),
+        "duration_s": round((datetime.now(UTC) - started).total_seconds(), 1),
+        "interrupted": interrupted,
+        "host": host_at_start,
+        "node_code": code_at_start,
+        "settings": {"rounds": settings.rounds, "faults": settings.faults, "lease_ttl_s": settings.lease_ttl,
+                     "nodes": settings.nodes, "rate_msg_s": settings.rate, "steady_s": settings.steady,
+                     "steady_after_s": settings.steady_after, "client_heartbeat_s": settings.heartbeat,
+                     "reconnect_delay_s": settings.reconnect_delay, "recovery_timeout_s": settings.recovery_timeout},
+        "traces": str(settings.out),
+        "summary": summary,
+        "rounds": results,
+    }
+    commit_at_end, code_at_end = host_info().get("git_commit"), _worktree()
+    if (commit_at_end, code_at_end) != (host_at_start.get("git_commit"), code_at_start):
+        report["node_code_changed_during_run"] = {"git_commit_at_end": commit_at_end, "node_code_at_end": code_at_end}
+        print(f"WARNING: the node code changed during the run (commit {host_at_start.get('git_commit')} -> "
+              f"{commit_at_end}); rounds before and after the change ran different code", flush=True)
+    settings.results.mkdir(parents=True, exist_ok=True)
+    path = settings.results / f"failover-{stamp}.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nresults: {path}\ntraces:  {settings.out}")
+    shutil.rmtree(logs, ignore_errors=True)
+    if (settings.out / "node-logs").exists():
+        print(f"node logs: {settings.out / 'node-logs'}")
+    bad = interrupted or any(not r["ok"] for r in results)
+    return 1 if bad else 0
+
+
+def _worktree() -> dict[str, Any]:
+    """Uncommitted changes under hastandby/ (the nodes run the working tree, not the commit)."""
+    try:
+        status = subprocess.run(["git", "status", "--porcelain", "--", "hastandby"], cwd=REPO_ROOT,
+                                capture_output=True, text=True, timeout=10)
+        diff = subprocess.run(["git", "diff", "HEAD", "--", "hastandby"], cwd=REPO_ROOT,
+                              capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return {"uncommitted": status.stdout.splitlines(), "diff_sha1": hashlib.sha1(diff.stdout).hexdigest()}
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _keep_logs(result: dict[str, Any], settings: Settings, logs: Path) -> None:
+    """Copy a round's node and etcd logs next to the traces if it had a problem (or --keep-logs)."""
+    slow = (result["unavailability_s"] or 0) > 2 * max(settings.lease_ttl, MIN_LEASE_TTL)
+    problem = not result["ok"] or result["node_problems"] or result["notes"] or slow
+    source = logs / result["round"]
+    if (problem or settings.keep_logs) and source.exists():
+        target = settings.out / "node-logs" / result["round"]
+        target.mkdir(parents=True, exist_ok=True)
+        for path in [*source.glob("*.log"), *source.glob("*.json")]:  # node/etcd logs, client records
+            shutil.copy2(path, target / path.name)
+        result["logs"] = str(target)
+    else:
+        result["logs"] = None
+    shutil.rmtree(source, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
