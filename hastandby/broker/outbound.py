@@ -66,6 +66,24 @@ class Outbound:
             connection.close()
         self.connected = False
 
+    def redirect(self) -> None:
+        """The target changed (etcd named a new primary): drop the current attempt or
+        connection at once, without waiting for a frozen peer's heartbeat, and try
+        the new address now."""
+        if self._stopped:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._delay = 0.0
+        connection = self.connection
+        transport = connection.transport if connection is not None else None
+        if transport is not None:
+            transport.close_tail()
+            transport.close_head()  # -> transport closed -> _lost -> an immediate retry
+        else:
+            self._attempt()
+
     def _attempt(self) -> None:
         self._timer = None
         if self._stopped:

@@ -141,9 +141,11 @@ class HaNode:
             return
         previous, self.leader = self.leader, leader
         log.info("leader from etcd", leader=leader.node_id, url=leader.url, term=leader.term)
-        connected = self.backup.outbound.address
-        if previous != leader and connected is not None and connected != split_hostport(leader.url):
-            self.backup.resync(f"etcd names {leader.url} as primary")
+        outbound = self.backup.outbound
+        if outbound.connected and outbound.address == split_hostport(leader.url):
+            return
+        if previous != leader or not outbound.connected:
+            outbound.redirect()
 
     # -- identity ------------------------------------------------------------------
 
