@@ -16,6 +16,7 @@ import click
 
 from .broker.registry import LEVELS
 from .client import ManagementClient, ManagementError
+from .logs import FORMATS
 
 BROKER_HELP = "node to talk to, HOST:PORT"
 DEFAULT_BROKER = "127.0.0.1:5672"
@@ -45,7 +46,7 @@ def main() -> None:
 @main.command()
 @click.option("--listen", default=DEFAULT_BROKER, show_default=True, help="address to accept AMQP connections on")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), help="node id and durable wiring")
-@click.option("--log-format", type=click.Choice(["console", "json"]), default="console", show_default=True)
+@click.option("--log-format", type=click.Choice(FORMATS), default="console", show_default=True)
 @click.option("--log-level", default="info", show_default=True)
 @click.option("--replicate", type=click.Choice(LEVELS),
               help="default qpid.replicate level of new queues and exchanges [none; all with --ha-cluster]")

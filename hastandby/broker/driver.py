@@ -29,7 +29,7 @@ import os
 import selectors
 import socket
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import structlog
 from cproton import (
@@ -68,16 +68,6 @@ class Timer:
 
     def __lt__(self, other: "Timer") -> bool:
         return (self.deadline, self.seq) < (other.deadline, other.seq)
-
-
-class Endpoint:
-    """What the driver calls on a registered link, with raw C pointers (hot path)."""
-
-    def on_delivery(self, delivery: Any) -> None: ...
-
-    def flow(self) -> None: ...
-
-    def fail(self, error: Exception) -> None: ...
 
 
 class Socket:
@@ -239,6 +229,9 @@ class Driver:
 
     def register(self, link: Any, endpoint: Any) -> None:
         """Route a link's deliveries and flow straight to ``endpoint``.
+
+        The endpoint gets ``on_delivery(raw_delivery)``, ``flow()``, and
+        ``fail(error)`` if either raised (hot path: raw C pointers).
 
         The link wrapper is kept (pinned) while registered, so the C link
         cannot be freed and its address given to another link meanwhile.
@@ -465,7 +458,3 @@ class Driver:
         method = getattr(handler, event.type.method, None)
         if method is not None:
             method(event)
-
-    def close_listeners(self, listeners: Iterable[_Listener]) -> None:
-        for listener in listeners:
-            listener.close()

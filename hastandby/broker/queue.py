@@ -190,10 +190,6 @@ class Queue:
         else:
             self.consumers.remove(consumer)
 
-    @property
-    def consumer_count(self) -> int:
-        return len(self.consumers)
-
     def dispatch(self) -> None:
         """Give available messages to consumers with credit, and new ones to browsers."""
         if self._dispatching or self.deleted:
@@ -257,10 +253,6 @@ class Queue:
             self._browse_pos[key] = (last_id, index)
         else:
             self._browse_pos[key] = (last_id, 0)
-
-    def browse_from(self, browser: Consumer, after_id: int) -> None:
-        """Restart a browser after ``after_id`` (0: from the front)."""
-        self._browse_pos[id(browser)] = (after_id, 0)
 
     def browsed_past(self, browser: Consumer, msg_id: int) -> bool:
         """Has ``browser`` gone past every message still here with an id up to ``msg_id``?"""

@@ -13,11 +13,8 @@ from typing import Iterator
 
 from proton import Data, Described, uint, ulong
 
-HEADER = 0x70
-DELIVERY_ANNOTATIONS = 0x71
-MESSAGE_ANNOTATIONS = 0x72
+HEADER = 0x70  # section descriptor codes (AMQP 1.0 part 3.2)
 PROPERTIES = 0x73
-APPLICATION_PROPERTIES = 0x74
 
 # A section starts with the descriptor 0x00 0x53 <code> (smallulong form),
 # which is how every proton encoder writes it.
