@@ -30,6 +30,22 @@ def delivery_tag(delivery: Any) -> bytes:
     return ffi.unpack(tag.start, tag.size)
 
 
+def send_payload(link: Any, tag: bytes, data: bytes) -> Any:
+    """Hot path: send ``data`` as one whole delivery tagged ``tag``; returns the raw delivery."""
+    delivery = lib.pn_delivery(link, (len(tag), ffi.from_buffer(tag)))
+    lib.pn_link_send(link, ffi.from_buffer(data), len(data))
+    lib.pn_link_advance(link)
+    return delivery
+
+
+def take_payload(link: Any, size: int) -> bytes:
+    """Hot path: the ``size`` bytes of a complete incoming delivery, and move the link on."""
+    buf = ffi.new("char[]", size)
+    lib.pn_link_recv(link, buf, size)
+    lib.pn_link_advance(link)
+    return ffi.unpack(buf, size)
+
+
 def receive_whole(impl: Any) -> tuple[Delivery, bytes] | None:
     """For low-rate links (management, wiring): the message of a complete delivery.
 
@@ -75,10 +91,7 @@ class OutgoingLink:
         impl = self._impl
         if delivery_count:
             data = sections.with_delivery_count(data, delivery_count)
-        tag = b"%d" % msg_id
-        delivery = lib.pn_delivery(impl, (len(tag), ffi.from_buffer(tag)))
-        lib.pn_link_send(impl, ffi.from_buffer(data), len(data))
-        lib.pn_link_advance(impl)
+        delivery = send_payload(impl, b"%d" % msg_id, data)
         self.credit -= 1
         if self.presettled:
             lib.pn_delivery_settle(delivery)
@@ -175,10 +188,7 @@ class IncomingLink:
         if self.max_message_size and size > self.max_message_size:
             self._too_big(delivery)
             return
-        buf = ffi.new("char[]", size)
-        lib.pn_link_recv(impl, buf, size)
-        data = ffi.unpack(buf, size)
-        lib.pn_link_advance(impl)
+        data = take_payload(impl, size)
         credit = lib.pn_link_credit(impl)
         if credit < self.window // 2:
             lib.pn_link_flow(impl, self.window - credit)

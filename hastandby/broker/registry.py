@@ -13,7 +13,13 @@ from typing import Any, Callable, Iterable, Protocol, Union
 
 from . import sections
 from .completion import Completion
-from .errors import AlreadyExists, InvalidArgument, NotAllowed, NotFound, ResourceLimitExceeded
+from .errors import (
+    AlreadyExists,
+    InvalidArgument,
+    NotAllowed,
+    NotFound,
+    ResourceLimitExceeded,
+)
 from .exchange import EXCHANGE_TYPES, Binding, Exchange
 from .queue import Queue, QueueSettings
 

@@ -23,8 +23,16 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import structlog
-from proton import Condition, Connection, Described, Endpoint, Event, Link, Terminus
-from proton import Handler
+from proton import (
+    Condition,
+    Connection,
+    Described,
+    Endpoint,
+    Event,
+    Handler,
+    Link,
+    Terminus,
+)
 
 from .driver import Driver
 from .errors import BrokerError, InvalidArgument, ResourceLocked
@@ -34,7 +42,6 @@ from .management import ADDRESS as MANAGEMENT_ADDRESS
 from .management import Management, ManagementLink
 from .queue import Queue
 from .registry import REPLICATE, Registry, queue_settings
-
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,13 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import structlog
-from cproton import ffi, lib
+from cproton import lib
 from proton import Connection, Link
 
 from hastandby.broker.driver import Driver, Timer
 from hastandby.broker.errors import InvalidArgument, NotFound
 from hastandby.broker.exchange import Binding
+from hastandby.broker.links import send_payload
 from hastandby.broker.queue import Queue
 from hastandby.broker.registry import Node, Registry
 from hastandby.broker.values import plain
@@ -31,7 +32,14 @@ from hastandby.wiring.publisher import WiringPublisher
 
 from .guard import QueueGuard
 from .idset import IdSet
-from .protocol import BACKUP_PROPERTY, IDS_PROPERTY, REPLICATE_PROPERTY, TERM_PROPERTY, WIRING_ADDRESS, encode_control
+from .protocol import (
+    BACKUP_PROPERTY,
+    IDS_PROPERTY,
+    REPLICATE_PROPERTY,
+    TERM_PROPERTY,
+    WIRING_ADDRESS,
+    encode_control,
+)
 from .subscription import ReplicatingSubscription
 
 log = structlog.get_logger("hastandby.primary")
@@ -66,11 +74,7 @@ class WiringLink:
         data = encode_control(body)
         impl = self._impl
         self._seq += 1
-        tag = b"w%d" % self._seq
-        delivery = lib.pn_delivery(impl, (len(tag), ffi.from_buffer(tag)))
-        lib.pn_link_send(impl, ffi.from_buffer(data), len(data))
-        lib.pn_link_advance(impl)
-        lib.pn_delivery_settle(delivery)
+        lib.pn_delivery_settle(send_payload(impl, b"w%d" % self._seq, data))
 
     def on_delivery(self, delivery: Any) -> None:
         lib.pn_delivery_settle(delivery)

@@ -11,15 +11,21 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from cproton import PN_ACCEPTED, ffi, lib
+from cproton import PN_ACCEPTED, lib
 from proton import Link, Session, Terminus
 
 from hastandby.broker import sections
-from hastandby.broker.links import delivery_tag
+from hastandby.broker.links import delivery_tag, take_payload
 from hastandby.broker.queue import Queue
 
 from .idset import IdSet
-from .protocol import DEQUEUE_TAG, IDS_PROPERTY, REPLICATE_PROPERTY, TERM_PROPERTY, decode_dequeues
+from .protocol import (
+    DEQUEUE_TAG,
+    IDS_PROPERTY,
+    REPLICATE_PROPERTY,
+    TERM_PROPERTY,
+    decode_dequeues,
+)
 
 CREDIT_WINDOW = 5000
 """Messages the primary may have in flight to this backup.  Each costs a round
@@ -61,11 +67,7 @@ class QueueReplicator:
         if lib.pn_delivery_partial(delivery) or not lib.pn_delivery_readable(delivery):
             return
         impl = self._impl
-        size = lib.pn_delivery_pending(delivery)
-        buf = ffi.new("char[]", size)
-        lib.pn_link_recv(impl, buf, size)
-        data = ffi.unpack(buf, size)
-        lib.pn_link_advance(impl)
+        data = take_payload(impl, lib.pn_delivery_pending(delivery))
         tag = delivery_tag(delivery)
         queue = self.queue
         if tag.startswith(DEQUEUE_TAG):

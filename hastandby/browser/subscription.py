@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from cproton import ffi, lib
+from cproton import lib
 from proton import Link
 
 from hastandby.broker.driver import Driver, Timer
-from hastandby.broker.links import OutgoingLink, delivery_tag
+from hastandby.broker.links import OutgoingLink, delivery_tag, send_payload
 from hastandby.broker.queue import Queue
 from hastandby.broker.registry import Registry
 
@@ -77,10 +77,7 @@ class ReplicatingSubscription(OutgoingLink):
             self.skip.discard(msg_id)
             return
         impl = self._impl
-        tag = b"%d" % msg_id
-        lib.pn_delivery(impl, (len(tag), ffi.from_buffer(tag)))
-        lib.pn_link_send(impl, ffi.from_buffer(data), len(data))
-        lib.pn_link_advance(impl)
+        send_payload(impl, b"%d" % msg_id, data)
         self.credit -= 1
         self.sent += 1
         self.in_flight.add(msg_id)
@@ -94,10 +91,7 @@ class ReplicatingSubscription(OutgoingLink):
     def _send_control(self, data: bytes) -> None:
         impl = self._impl
         self._control_seq += 1
-        tag = DEQUEUE_TAG + b"%d" % self._control_seq
-        delivery = lib.pn_delivery(impl, (len(tag), ffi.from_buffer(tag)))
-        lib.pn_link_send(impl, ffi.from_buffer(data), len(data))
-        lib.pn_link_advance(impl)
+        delivery = send_payload(impl, DEQUEUE_TAG + b"%d" % self._control_seq, data)
         lib.pn_delivery_settle(delivery)  # pre-settled: its accept completes nothing
         self.credit -= 1
 

@@ -27,8 +27,8 @@ from hastandby.broker.errors import BrokerError, NotAllowed
 from hastandby.broker.management import MUTATING, Request
 from hastandby.broker.outbound import Address
 from hastandby.broker.queue import Queue
-from hastandby.broker.server import Refusal
 from hastandby.broker.registry import REPLICATE
+from hastandby.broker.server import Refusal
 from hastandby.browser.backup import BackupReplication
 from hastandby.browser.primary import PrimaryReplication, backup_info
 from hastandby.browser.protocol import ADMIN_PROPERTY
@@ -38,7 +38,15 @@ from hastandby.node import Node, split_hostport
 from .cluster import Leader
 from .coordinator import CoordinatorEvent, EtcdCoordinator
 from .election import ElectionLoop
-from .states import Action, Event, IllegalTransition, NodeStatus, State, initial_status, next_status
+from .states import (
+    Action,
+    Event,
+    IllegalTransition,
+    NodeStatus,
+    State,
+    initial_status,
+    next_status,
+)
 
 log = structlog.get_logger("hastandby.ha")
 
