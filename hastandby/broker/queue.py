@@ -94,6 +94,15 @@ class Queue:
         self._rr = 0
         self._dispatching = False
 
+    # -- observers -------------------------------------------------------
+
+    def add_observer(self, observer: QueueObserver) -> None:
+        """Follow this queue.  Safe from inside an observer callback: the list is rebound."""
+        self.observers = [*self.observers, observer]
+
+    def remove_observer(self, observer: QueueObserver) -> None:
+        self.observers = [o for o in self.observers if o is not observer]
+
     # -- producing -------------------------------------------------------
 
     def check_capacity(self, size: int) -> None:

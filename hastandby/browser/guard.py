@@ -31,9 +31,7 @@ class QueueGuard:
         self.queue = queue
         self._held: dict[int, Completion] = {}
         self._attached = True
-        # Rebind rather than append, so attaching from inside a queue callback
-        # cannot extend the observer list that queue is iterating.
-        queue.observers = [*queue.observers, self]
+        queue.add_observer(self)
         self.first_id = queue.next_id
 
     @property
@@ -56,8 +54,7 @@ class QueueGuard:
         """The backup is dropped: release every held message and stop following the queue."""
         if self._attached:
             self._attached = False
-            queue = self.queue
-            queue.observers = [observer for observer in queue.observers if observer is not self]
+            self.queue.remove_observer(self)
         held, self._held = self._held, {}
         for completion in held.values():
             completion.release()

@@ -291,7 +291,7 @@ class PrimaryReplication:
         if old is not None:
             old.close()
         subscription = ReplicatingSubscription(
-            link, queue, self.registry, self.driver, backup.take_guard(queue), backup_ids,
+            link, queue, self.registry, self.driver, backup.take_guard(queue) or QueueGuard(queue), backup_ids,
             on_ready=lambda sub: self._queue_ready(backup, sub),
         )
         backup.subscriptions[name] = subscription

@@ -9,9 +9,9 @@ count as a consumer, and on attach runs the catch-up handshake:
 - ids both hold are skipped when the browse reaches them (``backup & primary``),
   so a backup re-attaching after failover downloads only what it lacks.
 
-The guard (pre-made by the primary for expected backups and new queues, or
-made here) holds each new message's producer acknowledgement until the
-backup settles it ``accepted``.  The subscription is *ready* once the backup
+The guard (pre-made by the primary for expected backups and new queues;
+none for asynchronous DR replication) holds each new message's producer
+acknowledgement until the backup settles it ``accepted``.  The subscription is *ready* once the backup
 has every message that may already have been acknowledged to a producer:
 the browse has gone past the guard's first id, and nothing older is still
 unaccepted (Qpid's ReplicatingSubscription readiness rule).
@@ -46,19 +46,27 @@ class ReplicatingSubscription(OutgoingLink):
         guard: QueueGuard | None,
         backup_ids: IdSet,
         on_ready: Callable[["ReplicatingSubscription"], None],
+        foreign_ids: bool = False,
     ) -> None:
         super().__init__(link, queue, registry, browsing=True)
         self.sees_acquired = True
         self.driver = driver
         self.on_ready = on_ready
         # Guard first, then read the queue: nothing can slip in between (QPID-4159).
-        self.guard = guard if guard is not None else QueueGuard(queue)
-        queue.observers = [*queue.observers, self]
-        primary_ids = IdSet.from_ids(queue.ids())
-        self.skip = backup_ids & primary_ids
-        self.pending_dequeues = backup_ids - primary_ids
-        for msg_id in self.skip:
-            self.guard.skip(msg_id)
+        # Without a guard (asynchronous DR replication) producers are not held.
+        self.guard = guard
+        self.first_id = guard.first_id if guard is not None else queue.next_id
+        queue.add_observer(self)
+        if foreign_ids:  # the ids name another incarnation's messages: replace them all
+            self.skip = IdSet()
+            self.pending_dequeues = backup_ids
+        else:
+            primary_ids = IdSet.from_ids(queue.ids())
+            self.skip = backup_ids & primary_ids
+            self.pending_dequeues = backup_ids - primary_ids
+        if guard is not None:
+            for msg_id in self.skip:
+                guard.skip(msg_id)
         self.in_flight: set[int] = set()
         self.ready = False
         self.sent = 0
@@ -113,14 +121,15 @@ class ReplicatingSubscription(OutgoingLink):
             return
         msg_id = int(tag)
         self.in_flight.discard(msg_id)
-        self.guard.complete(msg_id)
+        if self.guard is not None:
+            self.guard.complete(msg_id)
         if not self.ready:
             self._check_ready()
 
     def _check_ready(self) -> None:
         if self.ready or self.closed:
             return
-        first = self.guard.first_id
+        first = self.first_id
         if any(msg_id < first for msg_id in self.in_flight):
             return
         if not self.queue.browsed_past(self, first - 1):
@@ -161,7 +170,8 @@ class ReplicatingSubscription(OutgoingLink):
         if self._flush_timer is not None:
             self._flush_timer.cancel()
         queue = self.queue
-        queue.observers = [o for o in queue.observers if o is not self]
+        queue.remove_observer(self)
         if self in queue.browsers:
             queue.remove_consumer(self)
-        self.guard.cancel()
+        if self.guard is not None:
+            self.guard.cancel()
