@@ -76,6 +76,7 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
           client_refusal: str, etcd: str | None, cluster_name: str, node_id: str | None, lease_ttl: int) -> None:
     """Run a node until SIGINT/SIGTERM."""
     from . import logs
+    from .dr.service import DisasterRecovery, config_store
     from .node import Node, NodeConfig
 
     logs.configure(log_format, log_level)
@@ -94,13 +95,18 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
     )
     try:
         node = Node(config)
+        dr = DisasterRecovery(node, config_store(data_dir, etcd, cluster_name),
+                              public_url or listen, heartbeat=heartbeat or 2.0)
         if ha_cluster:
             from .lifecycle.ha_node import HaConfig, HaNode
 
             brokers = [b.strip() for b in brokers_url.split(",") if b.strip()]
-            HaNode(node, HaConfig(brokers=brokers, public_url=public_url, backup_timeout=backup_timeout,
-                                  client_redirect=client_redirect, client_refusal=client_refusal,
-                                  heartbeat=heartbeat, etcd=etcd, cluster=cluster_name, lease_ttl=lease_ttl))
+            ha = HaNode(node, HaConfig(brokers=brokers, public_url=public_url, backup_timeout=backup_timeout,
+                                       client_redirect=client_redirect, client_refusal=client_refusal,
+                                       heartbeat=heartbeat, etcd=etcd, cluster=cluster_name, lease_ttl=lease_ttl))
+            ha.on_serving.append(dr.set_serving)
+        else:
+            node.on_start.append(lambda: dr.set_serving(True))
         node.run()
     except OSError as error:
         raise click.ClickException(f"cannot serve on {listen}: {error}") from None
@@ -127,9 +133,13 @@ def add() -> None:
 @click.option("--alternate-exchange", help="where rejected and unroutable messages go")
 @click.option("--durable", is_flag=True, help="keep the queue's definition across restarts")
 @click.option("--argument", "extra", multiple=True, metavar="KEY=VALUE", help="any other queue argument")
+@click.option("--start-replica", metavar="SOURCE", help="then replicate it from SOURCE (see: hastandby replicate)")
+@click.option("--mode", type=click.Choice(["full", "enqueue"]), default="full", show_default=True,
+              help="with --start-replica: the replication mode")
 def add_queue(name: str, broker: str, replicate: str | None, max_count: int | None, max_size: int | None,
               policy: str | None, exclusive: bool, auto_delete: bool, auto_delete_timeout: float | None,
-              alternate_exchange: str | None, durable: bool, extra: tuple[str, ...]) -> None:
+              alternate_exchange: str | None, durable: bool, extra: tuple[str, ...], start_replica: str | None,
+              mode: str) -> None:
     """Create queue NAME."""
     arguments = _parse_arguments(extra)
     for key, value in (("qpid.replicate", replicate), ("qpid.max_count", max_count), ("qpid.max_size", max_size),
@@ -140,6 +150,8 @@ def add_queue(name: str, broker: str, replicate: str | None, max_count: int | No
     if alternate_exchange:
         body["alternate-exchange"] = alternate_exchange
     _request(broker, "CREATE", "queue", name, body)
+    if start_replica:
+        _start_replica(broker, start_replica, name, mode, create=False, sync=False, backlog=(), wait=5.0)
 
 
 @add.command("exchange")
@@ -242,6 +254,7 @@ def _format_query(result: dict[str, Any]) -> str:
     lines.append("Bindings:")
     for b in result.get("bindings", []):
         lines.append(f"  {b['exchange']} -> {b['queue']} key={b['key']!r}")
+    lines.extend(_replication_lines(result.get("replication") or {}))
     ha = result.get("ha")
     if ha:
         lines.append(f"Cluster: this node is {ha['state']}, term {ha['term']}")
@@ -251,6 +264,25 @@ def _format_query(result: dict[str, Any]) -> str:
             lags = ", ".join(f"{backup}={lag}" for backup, lag in sorted(per_backup.items()))
             lines.append(f"  lag {queue}: {lags}")
     return "\n".join(lines)
+
+
+def _replication_lines(replication: dict[str, Any]) -> list[str]:
+    """One line per DR replication, replica side ("<-") and source side ("->")."""
+    lines = []
+    for r in replication.get("replicas", []):
+        lines.append(f"replica {r['queue']} <- {r['source']} {r['mode']}{' sync' if r.get('sync') else ''}: "
+                     f"{r['state']}, lag {_lag(r)}" + (f", error {r['error']}" if r.get("error") else ""))
+    for r in replication.get("sources", []):
+        lines.append(f"source {r['queue']} -> {r.get('replica') or '(replica away)'} {r['mode']}: "
+                     f"{r['state']}, lag {_lag(r)}")
+    return lines
+
+
+def _lag(report: dict[str, Any]) -> str:
+    if report.get("lag_messages") is None:
+        return "unknown"
+    text = f"{report['lag_messages']} msgs / {report.get('lag_seconds') or 0:g} s"
+    return text + (f", overflow dropped {report['overflow']}" if report.get("overflow") else "")
 
 
 @main.command()
@@ -276,10 +308,70 @@ def status(broker: str, expect: str | None, is_primary: bool, every: bool, as_js
         click.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
     else:
         click.echo(result["state"] + (f" ({result['detail']})" if result.get("detail") else ""))
+        for line in _replication_lines(result.get("replication") or {}):
+            click.echo(line)
     if expect is not None and result["state"] != expect:
         sys.exit(1)
     if is_primary and result["state"] != "primary":
         sys.exit(1)
+
+
+def _parse_backlog(values: tuple[str, ...]) -> dict[str, int]:
+    """``--max-backlog 10000`` (messages) and/or ``--max-backlog 64MB`` (bytes: B, KB, MB, GB)."""
+    limits: dict[str, int] = {}
+    units = {"GB": 1 << 30, "MB": 1 << 20, "KB": 1 << 10, "B": 1}
+    for value in values:
+        text = value.strip().upper()
+        unit = next((u for u in units if text.endswith(u)), None)
+        number = text[: -len(unit)] if unit else text
+        if not number.isdigit() or int(number) <= 0:
+            raise click.BadParameter(f"{value!r}: give a number of messages (10000) or a size (64MB)",
+                                     param_hint="--max-backlog")
+        limits["max-backlog-bytes" if unit else "max-backlog-count"] = int(number) * (units[unit] if unit else 1)
+    return limits
+
+
+def _start_replica(broker: str, source: str, queue: str, mode: str, create: bool, sync: bool,
+                   backlog: tuple[str, ...], wait: float) -> None:
+    body: dict[str, Any] = {"source": source, "mode": mode, "create": create, "sync": sync, **_parse_backlog(backlog)}
+    report = _request(broker, "REPLICATE", "queue", queue, body)
+    deadline = time.monotonic() + wait
+    while report.get("state") in ("connecting", "catching up") and time.monotonic() < deadline:
+        time.sleep(0.2)
+        replicas = (_request(broker, "STATUS").get("replication") or {}).get("replicas", [])
+        report = next((r for r in replicas if r["queue"] == queue), report)
+    click.echo(_replication_lines({"replicas": [report]})[0])
+
+
+@main.command()
+@click.argument("nodes", nargs=-1, required=True)
+@_broker_option
+@click.option("--mode", type=click.Choice(["full", "enqueue"]), default="full", show_default=True,
+              help="full: mirror the source queue; enqueue: copy every new message, dequeues stay local")
+@click.option("--create", is_flag=True, help="create the local queue if it does not exist")
+@click.option("--sync", is_flag=True, help="the source holds producers' acknowledgements until the replica has "
+              "each message (default: asynchronous)")
+@click.option("--max-backlog", "backlog", multiple=True, metavar="N|SIZE",
+              help="enqueue mode: most messages (10000) or bytes (64MB) the source keeps for an absent replica")
+@click.option("--stop", is_flag=True, help="stop replicating QUEUE (the source forgets its backlog)")
+@click.option("--wait", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="seconds to wait for the replication to come up before printing its state")
+def replicate(nodes: tuple[str, ...], broker: str, mode: str, create: bool, sync: bool, backlog: tuple[str, ...],
+              stop: bool, wait: float) -> None:
+    """Replicate a queue to this node (-b) from SOURCE: replicate -b NODE2 SOURCE QUEUE.
+
+    SOURCE is HOST:PORT, or the comma-separated nodes of an HA cluster (the
+    replication follows its primary).  With --stop: replicate --stop -b NODE2 QUEUE.
+    """
+    if stop:
+        if len(nodes) != 1:
+            raise click.UsageError("replicate --stop -b NODE QUEUE takes just the queue")
+        _request(broker, "REPLICATE-STOP", "queue", nodes[0])
+        click.echo(f"stopped replicating {nodes[0]} on {broker}")
+        return
+    if len(nodes) != 2:
+        raise click.UsageError("replicate -b NODE2 SOURCE QUEUE: give the source and the queue")
+    _start_replica(broker, nodes[0], nodes[1], mode, create, sync, backlog, wait)
 
 
 @main.command()

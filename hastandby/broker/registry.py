@@ -28,6 +28,7 @@ REPLICATE = "qpid.replicate"
 BUILTIN_EXCHANGES = {"amq.direct": "direct", "amq.fanout": "fanout", "amq.topic": "topic"}
 TEMP_PREFIX = "temp."
 RESERVED_PREFIX = "$"  # $management, $ha.wiring: addresses the broker itself serves
+INTERNAL = "hastandby.internal"  # the argument that lets the broker's own queues use a reserved name
 
 Node = Union[Queue, Exchange]
 Scheduler = Callable[[float, Callable[[], None]], Any]
@@ -116,6 +117,7 @@ class Registry:
         self.queues: dict[str, Queue] = {}
         self.exchanges: dict[str, Exchange] = {}
         self.observers: list[RegistryObserver] = []
+        self.read_only: dict[str, str] = {}  # queue name -> why producers are refused (a DR replica)
         self._schedule = scheduler
         for name, kind in BUILTIN_EXCHANGES.items():
             self.exchanges[name] = Exchange(name, kind, builtin=True)
@@ -171,7 +173,7 @@ class Registry:
         """
         if not name:
             raise InvalidArgument("a queue needs a name")
-        if name.startswith(RESERVED_PREFIX):
+        if name.startswith(RESERVED_PREFIX) and not (settings.arguments if settings else arguments or {}).get(INTERNAL):
             raise InvalidArgument(f"queue names starting with {RESERVED_PREFIX!r} are reserved")
         if name in self.exchanges:
             raise AlreadyExists(f"{name!r} is an exchange")
@@ -346,6 +348,11 @@ class Registry:
 
     def deliver(self, queues: list[Queue], data: bytes, completion: Completion | None = None) -> None:
         """Enqueue on every target queue, or on none if a reject-policy limit refuses."""
+        if self.read_only:
+            for queue in queues:
+                reason = self.read_only.get(queue.name)
+                if reason:
+                    raise NotAllowed(reason)
         for queue in queues:
             queue.check_capacity(len(data))
         ttl = sections.header_ttl(data)

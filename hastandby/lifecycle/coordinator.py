@@ -205,6 +205,14 @@ def _etcd(what: str) -> Iterator[None]:
         raise CoordinatorError(f"etcd {what} failed: {_describe(error)}") from error
 
 
+def etcd_client(endpoint: str, timeout: float) -> "etcd3.Etcd3Client":
+    """An etcd3 client for ``http://host:port`` (or ``host:port``)."""
+    parts = urlsplit(endpoint if "//" in endpoint else f"http://{endpoint}")
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"etcd endpoint must be http://host:port, not {endpoint!r}")
+    return etcd3.client(parts.hostname, parts.port or 2379, timeout=timeout, grpc_options=_GRPC_OPTIONS)
+
+
 class EtcdCoordinator:
     """``Coordinator`` on etcd v3 (etcd3 0.12 client).
 
@@ -233,9 +241,6 @@ class EtcdCoordinator:
             raise ValueError("lease_margin must be positive and leave at least TTL/3 of safe age")
         if request_timeout <= 0:
             raise ValueError("request_timeout must be positive")
-        parts = urlsplit(endpoint if "//" in endpoint else f"http://{endpoint}")
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"etcd endpoint must be http://host:port, not {endpoint!r}")
         self.node_id = node_id
         self.url = url
         self._keys = ClusterKeys(cluster)
@@ -245,9 +250,7 @@ class EtcdCoordinator:
         self._margin = lease_margin
         self._timeout = request_timeout
         self._retry_interval = min(0.5, lease_ttl / 6)
-        self._client = etcd3.client(
-            parts.hostname, parts.port or 2379, timeout=request_timeout, grpc_options=_GRPC_OPTIONS
-        )
+        self._client = etcd_client(endpoint, request_timeout)
         self._lock = threading.Lock()
         self._lease: _Lease | None = None
         self._stop = threading.Event()

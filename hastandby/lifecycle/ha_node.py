@@ -116,6 +116,7 @@ class HaNode:
                                         abort=config.client_refusal == "abort")
         node.on_start.append(self.backup.start)
         node.on_stop.append(lambda: self.fire(Event.STOP))
+        self.on_serving: list[Callable[[bool], None]] = []  # told when client service starts or stops
         self.election: ElectionLoop | None = None
         if config.etcd:
             self.election = self._make_election(config)
@@ -200,9 +201,9 @@ class HaNode:
         elif action is Action.START_GUARDING:
             self._become_primary()
         elif action is Action.ADMIT_CLIENTS:
-            self.admitting = True
+            self._set_admitting(True)
         elif action is Action.EXCLUDE_CLIENTS:
-            self.admitting = False
+            self._set_admitting(False)
             self._close_clients()
         elif action is Action.STOP_SERVING_BACKUPS:
             if self.primary is not None:
@@ -228,13 +229,19 @@ class HaNode:
     def _halt(self, reason: str) -> None:
         """Stop replication and client service: better no role than an undefined one."""
         self.halted = reason
-        self.admitting = False
+        self._set_admitting(False)
         self.backup.stop()
         if self.primary is not None:
             self.primary.stop()
             self.primary = None
         self._close_clients()
         log.error("replication halted", reason=reason)
+
+    def _set_admitting(self, admitting: bool) -> None:
+        changed, self.admitting = admitting != self.admitting, admitting
+        if changed:
+            for fn in self.on_serving:
+                fn(admitting)
 
     def _close_clients(self) -> None:
         refusal = self._refusal()

@@ -1,0 +1,192 @@
+"""DR replication on a node: management operations, refusals, status, roles.
+
+``DisasterRecovery`` plugs the source side and the replica side into a node
+through the core's hooks only:
+
+- management ``REPLICATE`` (start, optionally creating the queue) and
+  ``REPLICATE-STOP``; a ``replication`` section in ``query`` and ``status``;
+- refusals that keep a replica queue a replica: no local producers (the ids
+  are the source's), no consumers and no purge in full mode (it mirrors the
+  source), no delete while replicating (stop first);
+- roles: both sides run while the node serves clients.  On an HA cluster
+  that is the primary; a new primary takes the replications over from the
+  shared configuration store (etcd) and the taps it inherited.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import structlog
+from proton import Link, Terminus
+
+from hastandby.broker.errors import AlreadyExists, InvalidArgument, NotAllowed, NotFound
+from hastandby.broker.management import Request
+from hastandby.node import Node
+
+from .config import ConfigStore, EtcdStore, FileStore, MemoryStore, ReplicationConfig
+from .replica import ReplicaLink
+from .source import DrSource
+
+log = structlog.get_logger("hastandby.dr")
+
+
+class DisasterRecovery:
+    """Both sides of per-queue DR replication for one node."""
+
+    def __init__(self, node: Node, store: ConfigStore, url: str, heartbeat: float = 2.0) -> None:
+        self.node = node
+        self.store = store
+        self.url = url
+        self.heartbeat = heartbeat
+        self.serving = False
+        self.source = DrSource(node.registry, node.driver)
+        self.replicas: dict[str, ReplicaLink] = {}
+        node.handler.attach_hooks.append(self._attach)
+        node.management.register("REPLICATE", self._replicate)
+        node.management.register("REPLICATE-STOP", self._replicate_stop)
+        node.management.guards.append(self._guard)
+        node.management.query_extras["replication"] = self.describe
+        node.status_extras.append(lambda: {"replication": self.describe()})
+        node.on_stop.append(lambda: self.set_serving(False))
+
+    # -- roles -----------------------------------------------------------------------
+
+    def set_serving(self, serving: bool) -> None:
+        """The node starts or stops serving clients (standalone start, HA promotion or demotion)."""
+        if serving == self.serving:
+            return
+        self.serving = serving
+        if serving:
+            self.source.activate()
+            for config in self.store.load():
+                self._start(config)
+        else:
+            self.source.deactivate()
+            for replica in self.replicas.values():
+                replica.stop(final=False)
+            self.replicas.clear()
+            self.node.registry.read_only.clear()
+
+    def _start(self, config: ReplicationConfig) -> None:
+        registry = self.node.registry
+        if config.queue not in registry.queues:
+            # Not durable and the node restarted: the replication says the queue exists.
+            registry.declare_queue(config.queue)
+            log.info("replica queue recreated", queue=config.queue, source=config.source)
+        replica = ReplicaLink(config, registry, self.node.driver,
+                              {"node_id": self.node.node_id, "url": self.url}, self.store.save, self.heartbeat)
+        self.replicas[config.queue] = replica
+        registry.read_only[config.queue] = (
+            f"queue {config.queue!r} is a DR replica of {config.source} ({config.mode} mode): "
+            "it takes messages from its source only")
+        replica.start()
+
+    # -- management ------------------------------------------------------------------
+
+    def _replicate(self, request: Request) -> tuple[int, Any]:
+        self._require_serving()
+        body = request.body
+        name = request.name
+        config = ReplicationConfig(
+            queue=name, source=str(body.get("source") or ""), mode=str(body.get("mode") or "full"),
+            sync=bool(body.get("sync", False)),
+            max_backlog_count=_limit(body.get("max-backlog-count")),
+            max_backlog_bytes=_limit(body.get("max-backlog-bytes")),
+        )
+        if _same_node(config, self.url):
+            raise InvalidArgument("a queue cannot replicate from its own node")
+        existing = self.replicas.get(name)
+        if existing is not None:
+            old = existing.config
+            if (old.source, old.mode, old.sync) == (config.source, config.mode, config.sync):
+                return 200, existing.describe()
+            raise AlreadyExists(f"queue {name!r} already replicates from {old.source} in {old.mode} mode: "
+                                "stop that first (hastandby replicate --stop)")
+        registry = self.node.registry
+        if name not in registry.queues:
+            if not body.get("create"):
+                raise NotFound(f"no such queue: {name!r} (--create makes it)")
+            registry.declare_queue(name, request.arguments(), durable=bool(body.get("durable", False)))
+        self.store.save(config)
+        self._start(config)
+        log.info("replication configured", queue=name, source=config.source, mode=config.mode, sync=config.sync)
+        return 201, self.replicas[name].describe()
+
+    def _replicate_stop(self, request: Request) -> tuple[int, Any]:
+        self._require_serving()
+        replica = self.replicas.pop(request.name, None)
+        if replica is None:
+            raise NotFound(f"queue {request.name!r} is not replicating")
+        replica.stop(final=True)
+        self.store.remove(request.name)
+        self.node.registry.read_only.pop(request.name, None)
+        log.info("replication stopped", queue=request.name, source=replica.config.source)
+        return 200, {"queue": request.name, "state": "stopped"}
+
+    def _require_serving(self) -> None:
+        if not self.serving:
+            raise NotAllowed(f"{self.url} is not serving clients ({self.node.state}): "
+                             "configure replication on the primary")
+
+    def _guard(self, request: Request) -> None:
+        """Keep replica queues replicas: no delete while replicating, no purge of a full replica."""
+        replica = self.replicas.get(request.name) if request.type in ("queue", "") else None
+        if replica is None:
+            return
+        if request.operation == "DELETE":
+            raise NotAllowed(f"queue {request.name!r} is replicating from {replica.config.source}: "
+                             "stop replication first (hastandby replicate --stop)")
+        if request.operation == "PURGE" and replica.config.mode == "full":
+            raise NotAllowed(f"queue {request.name!r} is a full replica of {replica.config.source}: "
+                             "it mirrors the source, purge the source instead")
+
+    # -- links -----------------------------------------------------------------------
+
+    def _attach(self, link: Link) -> Any:
+        endpoint = self.source.attach(link)
+        if endpoint is not None:
+            return endpoint
+        if link.is_sender:
+            replica = self.replicas.get(link.remote_source.address or "")
+            if (replica is not None and replica.config.mode == "full"
+                    and link.remote_source.distribution_mode != Terminus.DIST_MODE_COPY):
+                raise NotAllowed(f"queue {replica.queue_name!r} is a full replica of {replica.config.source}: "
+                                 "browse it; consuming would change what it mirrors")
+        else:
+            reason = self.node.registry.read_only.get(link.remote_target.address or "")
+            if reason:
+                raise NotAllowed(reason)
+        return None
+
+    # -- reporting -------------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "replicas": [replica.describe() for replica in self.replicas.values()],
+            "sources": self.source.describe(),
+        }
+
+
+def _limit(value: Any) -> int | None:
+    if value in (None, "", 0):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"max-backlog must be a whole number, got {value!r}") from None
+
+
+def _same_node(config: ReplicationConfig, url: str) -> bool:
+    return any(address.split("://")[-1] == url for address in config.addresses())
+
+
+def config_store(data_dir: Path | None, etcd: str | None, cluster: str) -> ConfigStore:
+    """etcd for a cluster that has it (every member sees it), else the data dir, else memory."""
+    if etcd:
+        return EtcdStore(etcd, cluster)
+    if data_dir is not None:
+        return FileStore(data_dir)
+    log.info("replication configuration is kept in memory only (no --data-dir, no --etcd)")
+    return MemoryStore()

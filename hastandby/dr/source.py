@@ -1,0 +1,392 @@
+"""The source side: serving DR replicas from this node's queues.
+
+Active while the node serves clients (a standalone node, or an HA cluster's
+primary).  It claims the receiving links of connections marked
+``hastandby.dr-replica`` (see ``protocol``):
+
+- full mode: a ``FullSourceLink``, the hot-standby replicating browser plus a
+  status report; no producer is held back unless the replica asked for
+  ``sync``, then a guard holds each producer's ``accepted`` until the replica
+  has the message (Qpid's standalone replication behaved like that);
+- enqueue mode: a ``TapLink`` consuming the replication's *tap* queue.  A
+  ``TapFeeder`` copies every message enqueued on the source queue onto the tap,
+  so what the replica has not acknowledged stays on the source through link
+  outages and while local consumers take the original.  The tap is an
+  ordinary queue (``$dr.<key>.<queue>``, ring policy at ``--max-backlog``,
+  the source queue's replication level): an HA source cluster replicates it to
+  its backups, so it also survives the source's failover with its ids.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any, Callable
+
+import structlog
+from cproton import lib
+from proton import Connection, Link
+
+from hastandby.broker.completion import Completion
+from hastandby.broker.driver import Driver, Timer
+from hastandby.broker.errors import InvalidArgument, NotAllowed
+from hastandby.broker.exchange import Binding
+from hastandby.broker.links import OutgoingLink, send_payload
+from hastandby.broker.queue import Queue
+from hastandby.broker.registry import INTERNAL, REPLICATE, Node, Registry
+from hastandby.broker.values import plain
+from hastandby.browser.guard import QueueGuard
+from hastandby.browser.idset import IdSet
+from hastandby.browser.protocol import IDS_PROPERTY, encode_control
+from hastandby.browser.subscription import ReplicatingSubscription
+
+from .protocol import (
+    EPOCH_PROPERTY,
+    KEY_PROPERTY,
+    MAX_BYTES_PROPERTY,
+    MAX_COUNT_PROPERTY,
+    MODE_PROPERTY,
+    MODES,
+    REPLICA_PROPERTY,
+    STATUS_TAG,
+    STOPPED,
+    SYNC_PROPERTY,
+    TAP_KEY,
+    TAP_OF,
+    TAP_PREFIX,
+    tap_name,
+)
+
+log = structlog.get_logger("hastandby.dr.source")
+
+STATUS_INTERVAL = 1.0  # seconds between status reports to a replica
+DEFAULT_MAX_BACKLOG = 1_000_000  # messages an enqueue-mode tap keeps when the replica gave no limit
+OVERFLOW_LOG_INTERVAL = 10.0  # seconds between overflow warnings while a tap keeps overflowing
+
+
+def replica_info(connection: Connection) -> dict[str, Any] | None:
+    """The ``hastandby.dr-replica`` connection property, if this is a replica's connection."""
+    info = (connection.remote_properties or {}).get(REPLICA_PROPERTY)
+    return plain(info) if isinstance(info, dict) else None
+
+
+class Arrivals:
+    """When messages arrived, oldest first, to tell how old the replica's lag is."""
+
+    def __init__(self) -> None:
+        self._times: deque[tuple[int, float]] = deque()
+
+    def add(self, msg_id: int) -> None:
+        self._times.append((msg_id, time.monotonic()))
+
+    def oldest(self, done: Callable[[int], bool]) -> tuple[int, float] | None:
+        """The oldest (id, arrival) that ``done(id)`` does not hold for yet."""
+        times = self._times
+        while times and done(times[0][0]):
+            times.popleft()
+        return times[0] if times else None
+
+    def age(self, done: Callable[[int], bool]) -> float:
+        """Seconds since the oldest arrival not done yet."""
+        oldest = self.oldest(done)
+        return round(time.monotonic() - oldest[1], 3) if oldest else 0.0
+
+
+class StatusReporter:
+    """Sends a replica a status map about once a second, on a link's spare credit."""
+
+    def __init__(self, link: Link, driver: Driver) -> None:
+        self._status_impl = link._impl
+        self._driver = driver
+        self._seq = 0
+        self._timer: Timer | None = driver.schedule(0.0, self._report)
+
+    def status(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _report(self) -> None:
+        impl = self._status_impl
+        if lib.pn_link_credit(impl) > 0:
+            self._seq += 1
+            data = encode_control(self.status())
+            lib.pn_delivery_settle(send_payload(impl, STATUS_TAG + b"%d" % self._seq, data))
+            self._spend_credit()
+        self._timer = self._driver.schedule(STATUS_INTERVAL, self._report)
+
+    def _spend_credit(self) -> None:
+        """A link that counts its credit itself must count this delivery too."""
+
+    def _stop_reports(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+class FullSourceLink(ReplicatingSubscription, StatusReporter):
+    """Full mode: the queue's messages and dequeues, with catch-up by id set."""
+
+    def __init__(self, link: Link, queue: Queue, registry: Registry, driver: Driver, sync: bool,
+                 replica_ids: IdSet, replica_epoch: str, replica: str) -> None:
+        foreign = bool(replica_epoch) and replica_epoch != queue.uuid
+        super().__init__(link, queue, registry, driver, QueueGuard(queue) if sync else None, replica_ids,
+                         on_ready=self._live, foreign_ids=foreign)
+        StatusReporter.__init__(self, link, driver)
+        link.properties = {EPOCH_PROPERTY: queue.uuid}
+        self.mode = "full"
+        self.replica = replica
+        self.arrivals = Arrivals()
+        if queue.depth:
+            self.arrivals.add(queue.next_id - 1)  # the catch-up counts from now
+        log.info("replica attached", queue=queue.name, mode="full", replica=replica, sync=sync,
+                 replica_ids=len(replica_ids), new_epoch=foreign)
+
+    def _live(self, subscription: ReplicatingSubscription) -> None:
+        log.info("replica live", queue=self.queue.name, mode="full", replica=self.replica)
+
+    def _spend_credit(self) -> None:
+        self.credit -= 1
+
+    def enqueued(self, queue: Queue, msg_id: int, data: bytes, completion: Any) -> None:
+        self.arrivals.add(msg_id)
+
+    def status(self) -> dict[str, Any]:
+        queue = self.queue
+        seconds = self.arrivals.age(lambda i: i not in self.in_flight and queue.browsed_past(self, i))
+        return {"state": "live" if self.ready else "catching up", "lag_messages": self.lag,
+                "lag_seconds": seconds, "overflow": 0}
+
+    def describe(self) -> dict[str, Any]:
+        return {"queue": self.queue.name, "replica": self.replica, **self.status(), "mode": "full"}
+
+    def close(self) -> None:
+        self._stop_reports()
+        super().close()
+
+
+class TapFeeder:
+    """Copies every message enqueued on a source queue onto one tap queue."""
+
+    def __init__(self, source: Queue, tap: Queue) -> None:
+        self.source = source
+        self.tap = tap
+        self.arrivals = Arrivals()
+        self.overflow = tap.stats["ring_dropped"]
+        self._warned_at = 0.0
+        if tap.depth:  # inherited (restart, failover): its age counts from now
+            self.arrivals.add(tap.next_id - 1)
+        source.add_observer(self)
+
+    def is_done(self, tap_id: int) -> bool:
+        """The replica has acknowledged ``tap_id`` (or the ring dropped it)."""
+        return self.tap.get(tap_id) is None
+
+    def enqueued(self, queue: Queue, msg_id: int, data: bytes, completion: Completion | None) -> None:
+        tap = self.tap
+        tap_id = tap.enqueue(data, completion)
+        self.arrivals.add(tap_id)
+        dropped = tap.stats["ring_dropped"]
+        if dropped != self.overflow:
+            self.overflow = dropped
+            now = time.monotonic()
+            if now - self._warned_at >= OVERFLOW_LOG_INTERVAL:
+                self._warned_at = now
+                log.warning("replication backlog overflow: oldest unreplicated messages dropped",
+                            queue=queue.name, tap=tap.name, dropped_total=dropped,
+                            max_count=tap.settings.max_count, max_bytes=tap.settings.max_size)
+
+    def acquired(self, queue: Queue, msg_id: int) -> None:
+        pass
+
+    def released(self, queue: Queue, msg_id: int) -> None:
+        pass
+
+    def dequeued(self, queue: Queue, msg_id: int, reason: str) -> None:
+        pass
+
+    @property
+    def overflowing(self) -> bool:
+        """Dropping now: the tap is at its limit (the last drop is recent or imminent)."""
+        tap, s = self.tap, self.tap.settings
+        return bool(self.overflow) and (
+            (s.max_count is not None and tap.depth >= s.max_count)
+            or (s.max_size is not None and tap.bytes >= s.max_size * 0.99)
+        )
+
+    def close(self) -> None:
+        self.source.remove_observer(self)
+
+
+class TapLink(OutgoingLink, StatusReporter):
+    """Enqueue mode: the replica consumes the tap; its accept removes a message from the backlog."""
+
+    def __init__(self, link: Link, feeder: TapFeeder, registry: Registry, driver: Driver, sync: bool,
+                 replica: str, forget: Any) -> None:
+        super().__init__(link, feeder.tap, registry, browsing=False)
+        StatusReporter.__init__(self, link, driver)
+        link.properties = {EPOCH_PROPERTY: feeder.tap.uuid}
+        self.mode = "enqueue"
+        self.feeder = feeder
+        self.replica = replica
+        self.forget = forget
+        self.guard = QueueGuard(feeder.tap) if sync else None
+        self.backlog_at_attach = feeder.tap.next_id - 1
+        log.info("replica attached", queue=feeder.source.name, mode="enqueue", replica=replica, sync=sync,
+                 backlog=feeder.tap.depth)
+
+    def _spend_credit(self) -> None:
+        self.credit -= 1
+
+    def status(self) -> dict[str, Any]:
+        feeder = self.feeder
+        oldest = feeder.arrivals.oldest(feeder.is_done)
+        caught_up = oldest is None or oldest[0] > self.backlog_at_attach
+        state = "overflow" if feeder.overflowing else ("live" if caught_up else "catching up")
+        return {"state": state, "lag_messages": feeder.tap.depth, "lag_seconds": feeder.arrivals.age(feeder.is_done),
+                "overflow": feeder.overflow}
+
+    def describe(self) -> dict[str, Any]:
+        return {"queue": self.feeder.source.name, "replica": self.replica, **self.status(), "mode": "enqueue"}
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self._stop_reports()
+        if self.guard is not None:
+            self.guard.cancel()
+        super().close()
+        condition = self.link.remote_condition
+        if condition is not None and condition.name == STOPPED:
+            self.forget(self.queue)
+
+
+class DrSource:
+    """Everything this node does for the replicas that pull from it."""
+
+    def __init__(self, registry: Registry, driver: Driver) -> None:
+        self.registry = registry
+        self.driver = driver
+        self.active = False
+        self.feeders: dict[str, TapFeeder] = {}
+        self.links: list[FullSourceLink | TapLink] = []
+        registry.observers.append(self)
+
+    def activate(self) -> None:
+        """This node now serves clients: feed every tap it holds (an HA primary inherits them)."""
+        self.active = True
+        for queue in list(self.registry.queues.values()):
+            self._feed(queue)
+
+    def deactivate(self) -> None:
+        self.active = False
+        for feeder in self.feeders.values():
+            feeder.close()
+        self.feeders.clear()
+
+    # -- links -------------------------------------------------------------------------
+
+    def attach(self, link: Link) -> Any:
+        """Claim a replica's receiving link; None for any other link."""
+        properties = plain(link.remote_properties or {})
+        terminus = link.remote_source if link.is_sender else link.remote_target
+        address = terminus.address or ""
+        info = replica_info(link.connection)
+        if info is None or not link.is_sender or str(MODE_PROPERTY) not in properties:
+            if address.startswith(TAP_PREFIX):
+                raise NotAllowed(f"{address!r} is the backlog of a DR replication, not a client queue")
+            return None
+        if not self.active:
+            raise NotAllowed("this node does not serve clients now: replicate from the primary")
+        mode = properties[str(MODE_PROPERTY)]
+        if mode not in MODES:
+            raise InvalidArgument(f"invalid replication mode {mode!r}: must be one of {', '.join(MODES)}")
+        queue = self.registry.queue(address)
+        replica = str(info.get("url") or info.get("node_id") or "?")
+        sync = bool(properties.get(str(SYNC_PROPERTY)))
+        epoch = str(properties.get(str(EPOCH_PROPERTY)) or "")
+        if mode == "full":
+            try:
+                ids = IdSet.from_wire([int(x) for x in properties.get(str(IDS_PROPERTY), [])])
+            except (TypeError, ValueError) as error:
+                raise InvalidArgument(f"bad {IDS_PROPERTY}: {error}") from None
+            endpoint: FullSourceLink | TapLink = FullSourceLink(
+                link, queue, self.registry, self.driver, sync, ids, epoch, replica)
+        else:
+            key = str(properties.get(str(KEY_PROPERTY)) or "")
+            if not key or "." in key:
+                raise InvalidArgument(f"an enqueue-mode replica needs a key without '.', got {key!r}")
+            tap = self._tap(queue, key, properties)
+            endpoint = TapLink(link, self.feeders[tap.name], self.registry, self.driver, sync, replica,
+                               self._forget)
+        self.links = [e for e in self.links if not e.closed] + [endpoint]
+        return endpoint
+
+    def _tap(self, queue: Queue, key: str, properties: dict[str, Any]) -> Queue:
+        """The replication's tap, made on its first attach: replication starts there."""
+        name = tap_name(queue.name, key)
+        tap = self.registry.queues.get(name)
+        if tap is None:
+            count = properties.get(str(MAX_COUNT_PROPERTY))
+            size = properties.get(str(MAX_BYTES_PROPERTY))
+            arguments: dict[str, Any] = {
+                INTERNAL: True, TAP_OF: queue.name, TAP_KEY: key, REPLICATE: queue.settings.replicate,
+                "qpid.policy_type": "ring",
+                "qpid.max_count": int(count) if count else (None if size else DEFAULT_MAX_BACKLOG),
+            }
+            if size:
+                arguments["qpid.max_size"] = int(size)
+            arguments = {k: v for k, v in arguments.items() if v is not None}
+            tap, _ = self.registry.declare_queue(name, arguments, durable=queue.settings.durable)
+            log.info("replication backlog created", queue=queue.name, tap=name,
+                     max_count=tap.settings.max_count, max_bytes=tap.settings.max_size)
+        return tap
+
+    def _forget(self, tap: Queue) -> None:
+        """The replica stopped replicating: its backlog goes."""
+        log.info("replication stopped by the replica", tap=tap.name)
+        if self.registry.queues.get(tap.name) is tap:
+            self.registry.delete_queue(tap.name, reroute=False)
+
+    # -- RegistryObserver: taps follow their source queue ----------------------------------
+
+    def _feed(self, queue: Queue) -> None:
+        source_name = queue.settings.arguments.get(TAP_OF)
+        if not self.active or not source_name or queue.name in self.feeders:
+            return
+        source = self.registry.queues.get(str(source_name))
+        if source is None:  # its source is gone: so is the replication
+            self.driver.schedule(0.0, lambda: self._forget(queue))
+            return
+        self.feeders[queue.name] = TapFeeder(source, queue)
+
+    def created(self, obj: Node) -> None:
+        if isinstance(obj, Queue):
+            self._feed(obj)
+
+    def deleted(self, obj: Node) -> None:
+        if not isinstance(obj, Queue):
+            return
+        feeder = self.feeders.pop(obj.name, None)
+        if feeder is not None:
+            feeder.close()
+        for tap_feeder in list(self.feeders.values()):
+            if tap_feeder.source is obj:
+                self.driver.schedule(0.0, lambda tap=tap_feeder.tap: self._forget(tap))
+
+    def bound(self, binding: Binding) -> None:
+        pass
+
+    def unbound(self, binding: Binding) -> None:
+        pass
+
+    def describe(self) -> list[dict[str, Any]]:
+        self.links = [e for e in self.links if not e.closed]
+        served = [link.describe() for link in self.links]
+        attached = {link.queue.name for link in self.links if isinstance(link, TapLink)}
+        for name, feeder in self.feeders.items():
+            if name not in attached:  # a replica that is away: its backlog grows
+                served.append({"queue": feeder.source.name, "replica": None, "mode": "enqueue",
+                               "state": "overflow" if feeder.overflowing else "disconnected",
+                               "lag_messages": feeder.tap.depth,
+                               "lag_seconds": feeder.arrivals.age(feeder.is_done),
+                               "overflow": feeder.overflow})
+        return served
