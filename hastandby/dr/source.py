@@ -315,10 +315,25 @@ class DrSource:
             if not key or "." in key:
                 raise InvalidArgument(f"an enqueue-mode replica needs a key without '.', got {key!r}")
             tap = self._tap(queue, key, properties)
+            self._replace_stale_links(tap)
             endpoint = TapLink(link, self.feeders[tap.name], self.registry, self.driver, sync, replica,
                                self._forget)
         self.links = [e for e in self.links if not e.closed] + [endpoint]
         return endpoint
+
+    def _replace_stale_links(self, tap: Queue) -> None:
+        """A replica reconnected before this node saw its old link go (a half-open
+        WAN connection): end the old link first, so what it held goes back on the tap
+        and is sent again in id order, the order the replica's duplicate check needs."""
+        for old in self.links:
+            if isinstance(old, TapLink) and old.queue is tap and not old.closed:
+                log.info("replacing a stale replication link", tap=tap.name, replica=old.replica)
+                old.close()
+                connection = old.link.connection
+                transport = connection.transport
+                if transport is not None:  # drop it: its deliveries are void now
+                    transport.close_tail()
+                    transport.close_head()
 
     def _tap(self, queue: Queue, key: str, properties: dict[str, Any]) -> Queue:
         """The replication's tap, made on its first attach: replication starts there."""
