@@ -253,7 +253,15 @@ class TapLink(OutgoingLink, StatusReporter):
         self._stop_reports()
         if self.guard is not None:
             self.guard.cancel()
-        super().close()
+        # Not OutgoingLink.close: what the replica had not accepted goes back
+        # unchanged, without a delivery-count bump: no application saw it, and
+        # the replica must store the producer's bytes.
+        self.closed = True
+        tap = self.queue
+        tap.remove_consumer(self)
+        for msg_id in sorted(self.unsettled):
+            tap.release(msg_id, delivery_failed=False)
+        self.unsettled.clear()
         condition = self.link.remote_condition
         if condition is not None and condition.name == STOPPED:
             self.forget(self.queue)
