@@ -199,6 +199,28 @@ def test_replica_restart_resumes(node_factory, tmp_path):
     assert sorted((c["queue"], c["mode"]) for c in saved) == [("qe", "enqueue"), ("qf", "full")]
 
 
+def test_source_restart_starts_a_new_epoch(node_factory, tmp_path):
+    """A standalone source restarts (durable queues, messages gone, ids begin again): the full
+    replica converges to the new state, the enqueue replica keeps its messages and appends."""
+    data_dir = str(tmp_path / "source-data")
+    source = node_factory("--data-dir", data_dir, name="source")
+    replica = node_factory(name="replica")
+    for queue, mode in (("qf", "full"), ("qe", "enqueue")):
+        hastandby("add", "queue", queue, "--durable", "-b", source.address)
+        hastandby("replicate", "-b", replica.address, source.address, queue, "--create", "--mode", mode)
+        send(source.address, queue, numbered(queue, 5))
+    wait_bodies(replica.address, "qf", [f"qf{i}" for i in range(5)])
+    wait_bodies(replica.address, "qe", [f"qe{i}" for i in range(5)])
+    port = source.port
+    assert source.stop() == 0
+    source = node_factory("--data-dir", data_dir, name="source", port=port)
+    for queue in ("qf", "qe"):
+        send(source.address, queue, numbered(queue, 3, start=5))
+    wait_bodies(replica.address, "qf", [f"qf{i}" for i in range(5, 8)])
+    wait_bodies(replica.address, "qe", [f"qe{i}" for i in range(8)])
+    assert "source ids started again" in replica.log()
+
+
 def test_enqueue_mode_with_source_consumers_racing(node_factory):
     """Source consumers take every message as it arrives; the replica still gets each one once."""
     source, replica = node_factory(name="source"), node_factory(name="replica")

@@ -701,3 +701,52 @@ def test_operator_promote_hands_over_to_a_backup(ha):
 
     receiver = drain([c[target].url], "q", sender.accepted_set, time_limit=30)
     assert not receiver.missing(sender.accepted_set)
+
+
+# -- DR: the replica site is an etcd cluster ---------------------------------------------------------
+
+
+def test_dr_replication_survives_replica_cluster_failover(ha, node_factory):
+    """The replica is an HA primary; kill -9 it and the new primary takes both replications over
+    from etcd: the full replica converges, the enqueue replica gets each message exactly once."""
+    from tests.support.clients import browse, receive, send
+
+    source = node_factory(name="dr-source")
+    cluster = ha(2)
+    primary = cluster.wait_settled()
+    other = 1 - primary
+    cluster.wait_following(other, primary)
+    for queue, mode in (("qf", "full"), ("qe", "enqueue")):
+        subprocess.run([sys.executable, "-m", "hastandby", "add", "queue", queue, "-b", source.address],
+                       cwd=REPO, check=True, timeout=30)
+        result = subprocess.run([sys.executable, "-m", "hastandby", "replicate", "-b",
+                                 cluster[primary].address, source.address, queue, "--create", "--mode", mode],
+                                cwd=REPO, capture_output=True, text=True, timeout=30)
+        assert result.returncode == 0 and "live" in result.stdout, result.stdout + result.stderr
+        send(source.address, queue, [Message(body=f"{queue}{i}") for i in range(100)])
+    receive(source.address, "qf", 40)
+
+    def replica_bodies(index: int, queue: str) -> list[str]:
+        return [m.body for m in browse(cluster[index].address, queue, 500, timeout=0.5, admin=True)]
+
+    def wait_bodies(index: int, queue: str, expected: list[str]) -> None:
+        deadline = time.monotonic() + 30
+        seen: list[str] = []
+        while time.monotonic() < deadline:
+            seen = replica_bodies(index, queue)
+            if seen == expected:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"{queue} on {cluster.ids[index]}: {seen[:5]}... ({len(seen)}) != {len(expected)}")
+
+    wait_bodies(other, "qf", [f"qf{i}" for i in range(40, 100)])  # the backup holds the replicas too
+    wait_bodies(other, "qe", [f"qe{i}" for i in range(100)])
+    cluster[primary].kill()
+    new_primary, _ = cluster.wait_new_primary([other], timeout=20)
+    for queue in ("qf", "qe"):
+        send(source.address, queue, [Message(body=f"{queue}{i}") for i in range(100, 150)])
+    receive(source.address, "qf", 10)
+    wait_bodies(new_primary, "qf", [f"qf{i}" for i in range(50, 150)])
+    wait_bodies(new_primary, "qe", [f"qe{i}" for i in range(150)])
+    status = cluster.status(new_primary)
+    assert {r["queue"]: r["state"] for r in status["replication"]["replicas"]} == {"qf": "live", "qe": "live"}
