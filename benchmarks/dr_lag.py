@@ -6,13 +6,15 @@ For each mode (``full``, ``enqueue``), in one invocation:
    sends N 100-byte messages to a replicated queue and to a plain queue of
    the same source node, alternating for ``--runs`` rounds; the ratio of the
    medians is the price of asynchronous replication to producers.
-2. Replication lag at a steady load of half the measured maximum: the rate
-   at which the replica received step 1's messages (from the first send to
-   the source reporting no lag), halved.  A python-qpid-proton producer
-   paces pre-settled messages carrying their send time; a receiver on the
-   replica (a browser in full mode, a consumer in enqueue mode) records
-   arrival - send for each.  Once over loopback, once through
-   ``benchmarks.delay_proxy`` adding 25 ms each way.  p50/p99/max in ms.
+2. Replication lag at a steady load of half the measured maximum.  A
+   python-qpid-proton producer (its own process) sends pre-settled messages
+   carrying their send time to the source; a receiver on the replica (a
+   browser in full mode, a consumer in enqueue mode) records arrival - send
+   for each.  First flat out: the rate at which messages reach the receiver
+   is the maximum of this whole path on this machine.  Then paced at half
+   of that, once over loopback, once through ``benchmarks.delay_proxy``
+   adding 25 ms each way: lag p50/p99/max in ms.  (Step 1 also records the
+   rate at which the replica had all of the C sender's messages.)
 
 Prints the figures and writes ``benchmarks/results/dr-lag-<UTC>.json``.
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import shlex
 import statistics
 import struct
@@ -99,89 +102,107 @@ def _wait_caught_up(source_port: int, timeout: float = 120.0) -> None:
     raise TimeoutError("the replica did not catch up")
 
 
-class LagProbe(MessagingHandler):
-    """Paces ``count`` stamped messages into the source; times their arrival at the replica.
+STAMP_TEMPLATE = bytes(Message(body=0.0).encode())[:-8]
+"""A message whose body is a double: the send time is patched into its last 8 bytes."""
 
-    Raw bytes both ways (a template message whose body is a double, the send
-    time, patched in place; the receiver reads the last 8 bytes back), so the
-    probe costs a few microseconds a message and measures the nodes, not itself.
-    """
 
-    def __init__(self, source: str, replica: str, queue: str, mode: str, rate: float, count: int,
-                 time_limit: float) -> None:
-        super().__init__(prefetch=0, auto_accept=False, auto_settle=False)
-        self.source, self.replica, self.queue, self.mode = source, replica, queue, mode
-        self.rate, self.count, self.time_limit = rate, count, time_limit
+class PacedProducer(MessagingHandler):
+    """Sends ``count`` pre-settled, time-stamped messages at ``rate`` msg/s (raw bytes: a few us each)."""
+
+    def __init__(self, url: str, rate: float, count: int, time_limit: float) -> None:
+        super().__init__()
+        self.url, self.rate, self.count, self.time_limit = url, rate, count, time_limit
         self.sent = 0
-        self.lags_ms: list[float] = []
         self.started = 0.0
         self.sender: Any = None
-        self.receiver: Any = None
-        self._template = bytes(Message(body=0.0).encode())[:-8]
 
     def on_start(self, event: Any) -> None:
-        container = event.container
-        self.receiver = container.create_receiver(
-            f"amqp://{self.replica}/{self.queue}", options=[Copy()] if self.mode == "full" else None)
-        self.receiver.flow(5000)
-        self.sender = container.create_sender(f"amqp://{self.source}/{self.queue}", options=AtMostOnce())
+        self.sender = event.container.create_sender(self.url, options=AtMostOnce())
         self.started = time.monotonic()
-        container.schedule(0.2, self)  # let both links attach first
+        event.container.schedule(PACE_TICK, self)
 
     def on_timer_task(self, event: Any) -> None:
         elapsed = time.monotonic() - self.started
-        if elapsed > self.time_limit:
-            self._finish()
-            return
-        due = min(self.count, int(max(0.0, elapsed - 0.2) * self.rate))
-        sender, template = self.sender, self._template
+        due = min(self.count, int(elapsed * self.rate))
+        sender = self.sender
         while self.sent < due and sender.credit > 0:
             delivery = sender.delivery(b"%d" % self.sent)
-            sender.send(template + struct.pack(">d", time.time()))
+            sender.send(STAMP_TEMPLATE + struct.pack(">d", time.time()))
             sender.advance()
             delivery.settle()
             self.sent += 1
-        if self.sent < self.count:
+        if self.sent < self.count and elapsed < self.time_limit:
             event.container.schedule(PACE_TICK, self)
+        else:
+            sender.connection.close()
+
+
+class LagReceiver(MessagingHandler):
+    """Records arrival - send time of each stamped message on the replica (browsing a full replica)."""
+
+    def __init__(self, url: str, browse: bool, count: int) -> None:
+        super().__init__(prefetch=0, auto_accept=False, auto_settle=False)
+        self.url, self.browse, self.count = url, browse, count
+        self.lags_ms: list[float] = []
+        self.receiver: Any = None
+
+    def on_start(self, event: Any) -> None:
+        self.receiver = event.container.create_receiver(self.url, options=[Copy()] if self.browse else None)
+        self.receiver.flow(5000)
 
     def on_delivery(self, event: Any) -> None:
         delivery = event.delivery
-        link = delivery.link
-        if link is not self.receiver and link != self.receiver:
-            return
         if delivery.partial or not delivery.readable:
             return
+        link = delivery.link
         data = link.recv(delivery.pending)
         link.advance()
         self.lags_ms.append((time.time() - struct.unpack(">d", data[-8:])[0]) * 1000.0)
-        if self.mode == "enqueue":
+        if not self.browse:
             delivery.update(delivery.ACCEPTED)
         delivery.settle()
         if link.credit < 2500:
             link.flow(5000 - link.credit)
         if len(self.lags_ms) >= self.count:
-            self._finish()
-
-    def _finish(self) -> None:
-        for link in (self.sender, self.receiver):
-            if link is not None:
-                link.connection.close()
+            link.connection.close()
 
 
-def _lag(source_port: int, replica_port: int, queue: str, mode: str, rate: float, seconds: float) -> dict[str, Any]:
-    count = max(100, int(rate * seconds))
-    probe = LagProbe(f"{LOOPBACK}:{source_port}", f"{LOOPBACK}:{replica_port}", queue, mode, rate, count,
-                     time_limit=seconds * 3 + 30)
+def _produce(url: str, rate: float, count: int, time_limit: float) -> None:
+    Container(PacedProducer(url, rate, count, time_limit)).run()
+
+
+def _lag(source_port: int, replica_port: int, queue: str, mode: str, rate: float, seconds: float,
+         count: int | None = None) -> dict[str, Any]:
+    """The producer runs in its own process so that neither side's Python delays the other's clock."""
+    count = count or max(100, int(rate * seconds))
+    receiver = LagReceiver(f"amqp://{LOOPBACK}:{replica_port}/{queue}", mode == "full", count)
+    container = Container(receiver)
+    container.start()
+    deadline = time.monotonic() + 10
+    while receiver.receiver is None or not receiver.receiver.state & receiver.receiver.REMOTE_ACTIVE:
+        container.process()
+        if time.monotonic() > deadline:
+            raise TimeoutError("the lag receiver did not attach")
+    producer = multiprocessing.get_context("fork").Process(
+        target=_produce, args=(f"amqp://{LOOPBACK}:{source_port}/{queue}", rate, count, seconds * 2 + 10))
     started = time.monotonic()
-    Container(probe).run()
+    producer.start()
+    try:
+        limit = started + seconds * 3 + 30
+        while len(receiver.lags_ms) < count and time.monotonic() < limit and container.process():
+            pass
+    finally:
+        producer.join(30)
+        if producer.is_alive():
+            producer.kill()
     elapsed = time.monotonic() - started
-    lags = sorted(probe.lags_ms)
+    lags = sorted(receiver.lags_ms)
     if len(lags) < count:
         raise RuntimeError(f"only {len(lags)} of {count} messages reached the replica")
     return {
         "messages": count,
         "target_rate": round(rate),
-        "achieved_rate": round(probe.sent / max(elapsed - 0.2, 1e-9)),
+        "achieved_rate": round(count / elapsed),
         "lag_ms_p50": round(lags[len(lags) // 2], 2),
         "lag_ms_p99": round(lags[int(len(lags) * 0.99) - 1], 2),
         "lag_ms_max": round(lags[-1], 2),
@@ -198,21 +219,33 @@ def measure_mode(mode: str, args: argparse.Namespace, logs: Path) -> dict[str, A
             _request(src, "CREATE", "queue", queue)
         _replicate(rep, f"{LOOPBACK}:{src}", "q", mode)
         on, off, replicated = [], [], []
+        cpu: dict[str, list[float]] = {"source_without": [], "source_with": [], "replica_with": []}
         for round_no in range(1, args.runs + 1):
+            before = source.cpu_seconds()
             off.append(_send_rate(src, "plain", args.count))
+            cpu["source_without"].append((source.cpu_seconds() - before) / args.count * 1e6)
+            before, before_replica = source.cpu_seconds(), replica.cpu_seconds()
             started = time.monotonic()
             on.append(_send_rate(src, "q", args.count))
             _wait_caught_up(src)
             replicated.append(args.count / (time.monotonic() - started))
-            print(f"[{mode}] round {round_no}/{args.runs}: send without replication {off[-1]:,.0f} msg/s, "
-                  f"with {on[-1]:,.0f} msg/s; the replica had them all at {replicated[-1]:,.0f} msg/s",
-                  flush=True)
+            cpu["source_with"].append((source.cpu_seconds() - before) / args.count * 1e6)
+            cpu["replica_with"].append((replica.cpu_seconds() - before_replica) / args.count * 1e6)
+            print(f"[{mode}] round {round_no}/{args.runs}: send without replication {off[-1]:,.0f} msg/s "
+                  f"(source cpu {cpu['source_without'][-1]:.1f} us/msg), with {on[-1]:,.0f} msg/s "
+                  f"(source {cpu['source_with'][-1]:.1f} us/msg, replica {cpu['replica_with'][-1]:.1f} us/msg); "
+                  f"the replica had them all at {replicated[-1]:,.0f} msg/s", flush=True)
             _request(src, "PURGE", "queue", "plain")
             _request(src, "PURGE", "queue", "q")
             _wait_caught_up(src)
             if mode == "enqueue":  # the replica keeps every message; the next round starts empty
                 _request(rep, "PURGE", "queue", "q")
-        rate = args.rate or statistics.median(replicated) / 2
+        flat_out = _lag(src, rep, "q", mode, 1e9, args.lag_seconds, count=args.count)
+        print(f"[{mode}] producer -> source -> replica -> consumer flat out: {flat_out['achieved_rate']:,} msg/s",
+              flush=True)
+        _request(src, "PURGE", "queue", "q")  # a browser on a full replica would see them again
+        _wait_caught_up(src)
+        rate = args.rate or flat_out["achieved_rate"] / 2
         loopback = _lag(src, rep, "q", mode, rate, args.lag_seconds)
         print(f"[{mode}] lag on loopback at {loopback['achieved_rate']:,} msg/s: p50 {loopback['lag_ms_p50']} ms, "
               f"p99 {loopback['lag_ms_p99']} ms, max {loopback['lag_ms_max']} ms", flush=True)
@@ -229,6 +262,8 @@ def measure_mode(mode: str, args: argparse.Namespace, logs: Path) -> dict[str, A
         ratio = statistics.median(on) / statistics.median(off)
         print(f"[{mode}] source send rate with async replication: x{ratio:.2f} of without", flush=True)
         return {"send_msg_per_s_without": off, "send_msg_per_s_with": on, "replicated_msg_per_s": replicated,
+                "end_to_end_max_msg_per_s": flat_out["achieved_rate"],
+                "cpu_us_per_msg": {k: round(statistics.median(v), 2) for k, v in cpu.items()},
                 "send_ratio": round(ratio, 3),
                 "lag_loopback": loopback, "lag_wan": wan}
     finally:

@@ -408,7 +408,7 @@ def ping(broker: str, timeout: float) -> None:
 
 _PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []}
 BENCHMARKS = {"throughput": "benchmarks.throughput", "ha-throughput": "benchmarks.ha_throughput",
-              "catchup": "benchmarks.catchup", "failover": "benchmarks.failover"}
+              "catchup": "benchmarks.catchup", "failover": "benchmarks.failover", "dr-lag": "benchmarks.dr_lag"}
 
 
 def _run_module_main(module: str, argv: list[str]) -> None:

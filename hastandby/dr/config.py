@@ -141,8 +141,10 @@ class EtcdStore:
     """
 
     def __init__(self, endpoint: str, cluster: str, timeout: float = 2.0) -> None:
-        from hastandby.lifecycle.coordinator import etcd_client  # sets up protobuf before etcd3 loads
         from hastandby.lifecycle.cluster import ClusterKeys
+        from hastandby.lifecycle.coordinator import (
+            etcd_client,  # sets up protobuf before etcd3 loads
+        )
 
         self.prefix = ClusterKeys(cluster).prefix + "replication/"
         self._client = etcd_client(endpoint, timeout)

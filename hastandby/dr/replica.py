@@ -36,7 +36,12 @@ from hastandby.broker.links import delivery_tag, take_payload
 from hastandby.broker.outbound import Address, Outbound
 from hastandby.broker.registry import Registry
 from hastandby.browser.idset import IdSet
-from hastandby.browser.protocol import DEQUEUE_TAG, IDS_PROPERTY, decode_control, decode_dequeues
+from hastandby.browser.protocol import (
+    DEQUEUE_TAG,
+    IDS_PROPERTY,
+    decode_control,
+    decode_dequeues,
+)
 from hastandby.node import split_hostport
 
 from .config import ReplicationConfig

@@ -23,7 +23,7 @@ from proton.utils import LinkDetached
 from benchmarks.delay_proxy import DelayProxy
 from hastandby.client import ManagementClient, ManagementError
 from tests.support.clients import browse, receive, send
-from tests.support.nodes import REPO, NodeProcess
+from tests.support.nodes import REPO
 
 
 def hastandby(*args: str, ok: bool = True) -> subprocess.CompletedProcess:

@@ -77,4 +77,4 @@ class WanPair:
                     proc.wait(5)
             log.close()
         for side in "ab":
-            subprocess.run(["ip", "netns", "delete", self.ns[side]], capture_output=True, timeout=10)
+            subprocess.run(["ip", "netns", "delete", self.ns[side]], check=False, capture_output=True, timeout=10)
