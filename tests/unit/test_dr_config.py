@@ -83,9 +83,17 @@ def test_tap_name_is_reserved():
 
 
 def test_arrivals_age_counts_from_the_oldest_not_done():
-    arrivals = Arrivals()
+    arrivals = Arrivals(resolution=0.0)
     assert arrivals.age(lambda i: True) == 0.0
     for msg_id in (1, 2, 3):
         arrivals.add(msg_id)
     assert arrivals.oldest(lambda i: i < 2)[0] == 2
     assert arrivals.oldest(lambda i: True) is None
+
+
+def test_arrivals_sample_once_per_resolution():
+    arrivals = Arrivals(resolution=60.0)
+    for msg_id in range(1, 1001):
+        arrivals.add(msg_id)
+    assert arrivals.oldest(lambda i: False)[0] == 1
+    assert arrivals.oldest(lambda i: i == 1) is None  # only the first of the burst was sampled
