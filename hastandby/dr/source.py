@@ -37,7 +37,7 @@ from hastandby.broker.registry import INTERNAL, REPLICATE, Node, Registry
 from hastandby.broker.values import plain
 from hastandby.browser.guard import QueueGuard
 from hastandby.browser.idset import IdSet
-from hastandby.browser.protocol import IDS_PROPERTY, encode_control
+from hastandby.browser.protocol import ADMIN_PROPERTY, BACKUP_PROPERTY, IDS_PROPERTY, encode_control
 from hastandby.browser.subscription import ReplicatingSubscription
 
 from .protocol import (
@@ -68,6 +68,12 @@ def replica_info(connection: Connection) -> dict[str, Any] | None:
     """The ``hastandby.dr-replica`` connection property, if this is a replica's connection."""
     info = (connection.remote_properties or {}).get(REPLICA_PROPERTY)
     return plain(info) if isinstance(info, dict) else None
+
+
+def _is_peer(connection: Connection) -> bool:
+    """An HA backup (it replicates taps like any queue) or an admin (who may inspect them)."""
+    properties = connection.remote_properties or {}
+    return BACKUP_PROPERTY in properties or bool(properties.get(ADMIN_PROPERTY))
 
 
 class Arrivals:
@@ -308,7 +314,7 @@ class DrSource:
         address = terminus.address or ""
         info = replica_info(link.connection)
         if info is None or not link.is_sender or str(MODE_PROPERTY) not in properties:
-            if address.startswith(TAP_PREFIX):
+            if address.startswith(TAP_PREFIX) and not _is_peer(link.connection):
                 raise NotAllowed(f"{address!r} is the backlog of a DR replication, not a client queue")
             return None
         if not self.active:

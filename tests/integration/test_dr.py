@@ -124,7 +124,48 @@ def test_standalone_queue_replica_failover(cluster_factory, node_factory):
     wait_bodies(replica.address, "q", ["b"])
 
 
+def test_standalone_queue_replica_failover_enqueue_mode(cluster_factory, node_factory):
+    """The same with an enqueue-mode replica: the source cluster's backups hold the tap, so
+    what the replica has not acknowledged survives the source's failover, exactly once."""
+    cluster = cluster_factory(2)
+    replica = node_factory(name="replica")
+    hastandby("add", "queue", "q", "-b", cluster[0].address)
+    hastandby("replicate", "-b", replica.address, cluster.brokers_url, "q", "--create", "--mode", "enqueue")
+    send(cluster[0].address, "q", numbered("a", 50))
+    wait_bodies(replica.address, "q", [f"a{i}" for i in range(50)])
+    assert len(receive(cluster[0].address, "q", 50)) == 50  # consumed at the source: the replica keeps them
+    cluster.wait_state(1, "backup")
+    cluster[0].kill()
+    cluster.promote(1)
+    send(cluster[1].address, "q", numbered("b", 50))
+    assert len(receive(cluster[1].address, "q", 50)) == 50
+    wait_bodies(replica.address, "q", [f"a{i}" for i in range(50)] + [f"b{i}" for i in range(50)])
+    assert wait_state(replica.address, "replicas", "q", "live")["duplicates_dropped"] >= 0
+
+
 # -- ours ----------------------------------------------------------------------------------------
+
+
+def test_sync_holds_producers_until_the_replica_has_the_message(node_factory):
+    """--sync: a producer's accept waits for the replica (here 0.2 s away each way); async does not."""
+    source, replica = node_factory(name="source"), node_factory(name="replica")
+    host, port = source.address.split(":")
+    proxy = DelayProxy((host, int(port)), 0.2).start()
+    try:
+        for queue, extra in (("qs", ["--sync"]), ("qa", [])):
+            hastandby("add", "queue", queue, "-b", source.address)
+            hastandby("replicate", "-b", replica.address, proxy.address, queue, "--create", *extra)
+            wait_state(replica.address, "replicas", queue, "live")
+        timings = {}
+        for queue in ("qs", "qa"):
+            started = time.monotonic()
+            send(source.address, queue, [Message(body=queue)])
+            timings[queue] = time.monotonic() - started
+        assert timings["qs"] >= 0.4 and timings["qa"] < 0.3, timings
+        assert bodies(replica.address, "qs") == ["qs"]  # it was there when the producer heard 'accepted'
+        wait_bodies(replica.address, "qa", ["qa"])
+    finally:
+        proxy.stop()
 
 
 def test_both_modes_side_by_side(node_factory):
