@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 from proton import Link, Terminus
 
-from hastandby.broker.errors import AlreadyExists, InvalidArgument, NotAllowed, NotFound
+from hastandby.broker.errors import AlreadyExists, BrokerError, InvalidArgument, NotAllowed, NotFound
 from hastandby.broker.management import Request
 from hastandby.node import Node
 
@@ -30,6 +30,13 @@ from .replica import ReplicaLink
 from .source import DrSource
 
 log = structlog.get_logger("hastandby.dr")
+
+LOAD_RETRY = 1.0  # seconds between attempts to read the configuration store
+
+
+class StoreUnavailable(BrokerError):
+    condition = "amqp:internal-error"
+    status = 503
 
 
 class DisasterRecovery:
@@ -60,14 +67,33 @@ class DisasterRecovery:
         self.serving = serving
         if serving:
             self.source.activate()
-            for config in self.store.load():
-                self._start(config)
+            self._load()
         else:
             self.source.deactivate()
             for replica in self.replicas.values():
                 replica.stop(final=False)
             self.replicas.clear()
             self.node.registry.read_only.clear()
+
+    def _load(self) -> None:
+        """Start every configured replication; retry while the store (etcd) cannot be read."""
+        if not self.serving:
+            return
+        try:
+            configs = self.store.load()
+        except Exception as error:  # etcd unreachable: the node serves on, replication waits
+            log.error("cannot read the replication configuration; retrying", error=str(error))
+            self.node.schedule(LOAD_RETRY, self._load)
+            return
+        for config in configs:
+            if config.queue not in self.replicas:
+                self._start(config)
+
+    def _save(self, config: ReplicationConfig) -> None:
+        try:
+            self.store.save(config)
+        except Exception as error:
+            raise StoreUnavailable(f"cannot store the replication configuration: {error}") from None
 
     def _start(self, config: ReplicationConfig) -> None:
         registry = self.node.registry
@@ -76,7 +102,7 @@ class DisasterRecovery:
             registry.declare_queue(config.queue)
             log.info("replica queue recreated", queue=config.queue, source=config.source)
         replica = ReplicaLink(config, registry, self.node.driver,
-                              {"node_id": self.node.node_id, "url": self.url}, self.store.save, self.heartbeat)
+                              {"node_id": self.node.node_id, "url": self.url}, self._save_quietly, self.heartbeat)
         self.replicas[config.queue] = replica
         registry.read_only[config.queue] = (
             f"queue {config.queue!r} is a DR replica of {config.source} ({config.mode} mode): "
@@ -109,7 +135,7 @@ class DisasterRecovery:
             if not body.get("create"):
                 raise NotFound(f"no such queue: {name!r} (--create makes it)")
             registry.declare_queue(name, request.arguments(), durable=bool(body.get("durable", False)))
-        self.store.save(config)
+        self._save(config)
         self._start(config)
         log.info("replication configured", queue=name, source=config.source, mode=config.mode, sync=config.sync)
         return 201, self.replicas[name].describe()
@@ -119,11 +145,22 @@ class DisasterRecovery:
         replica = self.replicas.pop(request.name, None)
         if replica is None:
             raise NotFound(f"queue {request.name!r} is not replicating")
+        try:
+            self.store.remove(request.name)
+        except Exception as error:
+            self.replicas[request.name] = replica
+            raise StoreUnavailable(f"cannot store the replication configuration: {error}") from None
         replica.stop(final=True)
-        self.store.remove(request.name)
         self.node.registry.read_only.pop(request.name, None)
         log.info("replication stopped", queue=request.name, source=replica.config.source)
         return 200, {"queue": request.name, "state": "stopped"}
+
+    def _save_quietly(self, config: ReplicationConfig) -> None:
+        """An epoch change: kept if the store can; else only in memory, and said so."""
+        try:
+            self.store.save(config)
+        except Exception as error:
+            log.error("cannot store the new source epoch", queue=config.queue, error=str(error))
 
     def _require_serving(self) -> None:
         if not self.serving:
