@@ -49,7 +49,12 @@ IO_CHUNK = 256 * 1024  # most bytes moved per socket read or write
 
 
 def address_of(impl: Any) -> int:
-    """The C address of a proton object: the key endpoints are registered under."""
+    """The C address of a proton object, for logs.
+
+    Tables are keyed by the cffi pointer itself: it hashes and compares by
+    address, and skips the ``int(ffi.cast(...))`` that cost about 9 % of a
+    busy primary's CPU when done for every engine event (py-spy).
+    """
     return int(ffi.cast("uintptr_t", impl))
 
 
@@ -212,9 +217,9 @@ class Driver:
         self.selector = selectors.DefaultSelector()
         self.collector = Collector()
         self._c_impl = self.collector._impl
-        self.endpoints: dict[int, Any] = {}
-        self._pinned: dict[int, Any] = {}
-        self.sockets: dict[int, Socket] = {}
+        self.endpoints: dict[Any, Any] = {}  # C link pointer -> endpoint
+        self._pinned: dict[Any, Any] = {}  # C link pointer -> its wrapper
+        self.sockets: dict[Any, Socket] = {}  # C transport pointer -> socket
         self.dirty: set[Socket] = set()
         self.out_buffer = ffi.new("char[]", IO_CHUNK)
         self._timers: list[Timer] = []
@@ -236,15 +241,15 @@ class Driver:
         The link wrapper is kept (pinned) while registered, so the C link
         cannot be freed and its address given to another link meanwhile.
         """
-        address = address_of(link._impl)
-        log.debug("register", link=link.name, address=hex(address), endpoint=type(endpoint).__name__)
-        self.endpoints[address] = endpoint
-        self._pinned[address] = link
+        impl = link._impl
+        log.debug("register", link=link.name, address=hex(address_of(impl)), endpoint=type(endpoint).__name__)
+        self.endpoints[impl] = endpoint
+        self._pinned[impl] = link
 
     def unregister(self, link: Any) -> None:
-        address = address_of(link._impl)
-        self.endpoints.pop(address, None)
-        self._pinned.pop(address, None)
+        impl = link._impl
+        self.endpoints.pop(impl, None)
+        self._pinned.pop(impl, None)
 
     @staticmethod
     def set_handler(connection: Connection, handler: Any) -> None:
@@ -305,13 +310,13 @@ class Driver:
         return wrapped
 
     def _add(self, wrapped: Socket) -> Socket:
-        self.sockets[address_of(wrapped.t_impl)] = wrapped
+        self.sockets[wrapped.t_impl] = wrapped
         self.selector.register(wrapped.sock, selectors.EVENT_READ, wrapped)
         self.dirty.add(wrapped)
         return wrapped
 
     def forget(self, wrapped: Socket) -> None:
-        self.sockets.pop(address_of(wrapped.t_impl), None)
+        self.sockets.pop(wrapped.t_impl, None)
         self.dirty.discard(wrapped)
         try:
             self.selector.unregister(wrapped.sock)
@@ -392,36 +397,52 @@ class Driver:
                 self._process_events()
 
     def _process_events(self) -> None:
+        """Handle every pending engine event, the per-message kinds first.
+
+        A replicated message raises two deliveries and two transport events
+        on a primary; endpoints are called inline (one call less per event).
+        """
         collector = self._c_impl
+        # C functions as locals: ``lib.name`` costs a lookup (~30 ns) each time.
         peek = lib.pn_collector_peek
         pop = lib.pn_collector_pop
         event_type = lib.pn_event_type
+        event_delivery = lib.pn_event_delivery
+        delivery_link = lib.pn_delivery_link
+        event_transport = lib.pn_event_transport
         endpoints = self.endpoints
+        sockets = self.sockets
         while True:
             event = peek(collector)
-            if event == ffi.NULL:
+            if not event:  # NULL
                 return
             kind = event_type(event)
             if kind == PN_DELIVERY:
-                delivery = lib.pn_event_delivery(event)
-                endpoint = endpoints.get(address_of(lib.pn_delivery_link(delivery)))
+                delivery = event_delivery(event)
+                endpoint = endpoints.get(delivery_link(delivery))
                 if endpoint is not None:
-                    self._call_endpoint(endpoint, endpoint.on_delivery, delivery)
-                else:
-                    self._dispatch(event)
-            elif kind == PN_LINK_FLOW:
-                endpoint = endpoints.get(address_of(lib.pn_event_link(event)))
-                if endpoint is not None:
-                    self._call_endpoint(endpoint, endpoint.flow)
+                    try:
+                        endpoint.on_delivery(delivery)
+                    except Exception as error:
+                        self._endpoint_failed(endpoint, error)
                 else:
                     self._dispatch(event)
             elif kind == PN_TRANSPORT:
-                wrapped = self.sockets.get(address_of(lib.pn_event_transport(event)))
+                wrapped = sockets.get(event_transport(event))
                 if wrapped is not None:
                     self.dirty.add(wrapped)
+            elif kind == PN_LINK_FLOW:
+                endpoint = endpoints.get(lib.pn_event_link(event))
+                if endpoint is not None:
+                    try:
+                        endpoint.flow()
+                    except Exception as error:
+                        self._endpoint_failed(endpoint, error)
+                else:
+                    self._dispatch(event)
             elif kind == PN_TRANSPORT_CLOSED:
                 transport = lib.pn_event_transport(event)
-                wrapped = self.sockets.get(address_of(transport))
+                wrapped = self.sockets.get(transport)
                 if wrapped is not None:
                     wrapped.flush()
                     wrapped.close()
@@ -437,17 +458,14 @@ class Driver:
             return
         link = lib.pn_link_head(connection, 0)
         while link != ffi.NULL:
-            address = address_of(link)
-            self.endpoints.pop(address, None)
-            self._pinned.pop(address, None)
+            self.endpoints.pop(link, None)
+            self._pinned.pop(link, None)
             link = lib.pn_link_next(link, 0)
 
-    def _call_endpoint(self, endpoint: Any, method: Callable[..., None], *args: Any) -> None:
-        try:
-            method(*args)
-        except Exception as error:  # one bad link must not stop the node
-            log.exception("link endpoint failed")
-            endpoint.fail(error)
+    def _endpoint_failed(self, endpoint: Any, error: Exception) -> None:
+        """One bad link must not stop the node: log, and fail only that link."""
+        log.exception("link endpoint failed")
+        endpoint.fail(error)
 
     def _dispatch(self, impl: Any) -> None:
         event = Event.wrap(impl)

@@ -17,8 +17,9 @@ HEADER = 0x70  # section descriptor codes (AMQP 1.0 part 3.2)
 PROPERTIES = 0x73
 
 # A section starts with the descriptor 0x00 0x53 <code> (smallulong form),
-# which is how every proton encoder writes it.
-_HEADER_PREFIX = b"\x00\x53\x70"
+# which is how every proton encoder writes it.  Public so that a hot path can
+# skip even the call to ``header_ttl`` for the many messages without a header.
+HEADER_PREFIX = b"\x00\x53\x70"
 _EMPTY_LIST = 0x45
 
 _HEADER_FIELDS = 5  # durable, priority, ttl, first-acquirer, delivery-count
@@ -61,7 +62,7 @@ def _section_value(buf: bytes, code: int) -> list | None:
 
 def header_ttl(buf: bytes) -> int | None:
     """The header's ``ttl`` in milliseconds, or None; cheap when there is no header."""
-    if not buf.startswith(_HEADER_PREFIX) or buf[3] == _EMPTY_LIST:
+    if not buf.startswith(HEADER_PREFIX) or buf[3] == _EMPTY_LIST:
         return None
     fields = _section_value(buf, HEADER) or []
     ttl = fields[2] if len(fields) > 2 else None
@@ -93,7 +94,7 @@ def with_delivery_count(buf: bytes, count: int) -> bytes:
     """
     fields: list = [None] * _HEADER_FIELDS
     rest = buf
-    if buf.startswith(_HEADER_PREFIX):
+    if buf.startswith(HEADER_PREFIX):
         data = Data()
         used = data.decode(bytes(buf))
         data.rewind()
@@ -104,4 +105,4 @@ def with_delivery_count(buf: bytes, count: int) -> bytes:
     fields[4] = uint(count)
     out = Data()
     out.put_object(Described(ulong(HEADER), fields))
-    return out.encode() + bytes(rest)
+    return bytes(out.encode()) + bytes(rest)
