@@ -14,12 +14,15 @@ from typing import Any, Callable
 class Completion:
     """A countdown that calls ``on_complete(token)`` once, when it reaches zero."""
 
-    __slots__ = ("_pending", "_on_complete", "token")
+    __slots__ = ("_pending", "_on_complete", "token", "done")
 
     def __init__(self, on_complete: Callable[[Any], None], token: Any = None) -> None:
         self._pending = 1
         self._on_complete: Callable[[Any], None] | None = on_complete
         self.token = token
+        # A plain attribute, not a property: every guard reads it for every
+        # replicated message.
+        self.done = False
 
     def hold(self) -> None:
         if self._on_complete is not None:
@@ -29,8 +32,5 @@ class Completion:
         self._pending -= 1
         if self._pending == 0 and self._on_complete is not None:
             callback, self._on_complete = self._on_complete, None
+            self.done = True
             callback(self.token)
-
-    @property
-    def done(self) -> bool:
-        return self._on_complete is None

@@ -43,8 +43,10 @@ class QueueGuard:
         return msg_id in self._held
 
     def complete(self, msg_id: int) -> None:
-        """The backup accepted ``msg_id``."""
-        self._release(msg_id)
+        """The backup accepted ``msg_id`` (once per replicated message: ``_release`` inlined)."""
+        completion = self._held.pop(msg_id, None)
+        if completion is not None:
+            completion.release()
 
     def skip(self, msg_id: int) -> None:
         """The backup already holds ``msg_id`` (catch-up), so it will not be sent."""

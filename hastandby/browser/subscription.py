@@ -25,13 +25,18 @@ from cproton import lib
 from proton import Link
 
 from hastandby.broker.driver import Driver, Timer
-from hastandby.broker.links import OutgoingLink, delivery_tag, send_payload
+from hastandby.broker.links import OutgoingLink, send_payload
 from hastandby.broker.queue import Queue
 from hastandby.broker.registry import Registry
 
 from .guard import QueueGuard
 from .idset import IdSet
 from .protocol import DEQUEUE_TAG, encode_dequeues
+
+# Bound once: ``lib.name`` is a lookup on every use, and these run per message.
+_pn_delivery_settled = lib.pn_delivery_settled
+_pn_delivery_remote_state = lib.pn_delivery_remote_state
+_pn_delivery_settle = lib.pn_delivery_settle
 
 
 class ReplicatingSubscription(OutgoingLink):
@@ -67,7 +72,14 @@ class ReplicatingSubscription(OutgoingLink):
         if guard is not None:
             for msg_id in self.skip:
                 guard.skip(msg_id)
+        # Every id to skip is below this (the queue's ids at subscribe time), so
+        # newer messages need not ask the IdSet (a Python call per message).
+        self._skip_below = queue.next_id if self.skip else 0
         self.in_flight: set[int] = set()
+        # The id of each message delivery still unsettled, by its C delivery
+        # (which hashes by address): an accept names its message without
+        # decoding the delivery tag.
+        self._sent_ids: dict[Any, int] = {}
         self._old_in_flight = 0  # in flight with ids below first_id: readiness waits for them
         self.ready = False
         self.sent = 0
@@ -82,11 +94,10 @@ class ReplicatingSubscription(OutgoingLink):
     # -- sending ------------------------------------------------------------------
 
     def deliver(self, queue: Queue, msg_id: int, data: bytes, delivery_count: int) -> None:
-        if msg_id in self.skip:
+        if msg_id < self._skip_below and msg_id in self.skip:
             self.skip.discard(msg_id)
             return
-        impl = self._impl
-        send_payload(impl, b"%d" % msg_id, data)
+        self._sent_ids[send_payload(self._impl, b"%d" % msg_id, data)] = msg_id
         self.credit -= 1
         self.sent += 1
         self.in_flight.add(msg_id)
@@ -116,18 +127,15 @@ class ReplicatingSubscription(OutgoingLink):
     # -- the backup's acknowledgements --------------------------------------------------
 
     def on_delivery(self, delivery: Any) -> None:
-        if not lib.pn_delivery_settled(delivery) and not lib.pn_delivery_remote_state(delivery):
+        if not _pn_delivery_settled(delivery) and not _pn_delivery_remote_state(delivery):
             return
-        tag = delivery_tag(delivery)
-        lib.pn_delivery_settle(delivery)
-        if tag.startswith(DEQUEUE_TAG):
-            return
-        msg_id = int(tag)
-        in_flight = self.in_flight
-        if msg_id in in_flight:
-            in_flight.discard(msg_id)
-            if msg_id < self.first_id:
-                self._old_in_flight -= 1
+        msg_id = self._sent_ids.pop(delivery, None)
+        _pn_delivery_settle(delivery)
+        if msg_id is None:
+            return  # a (pre-settled) dequeue batch
+        self.in_flight.discard(msg_id)
+        if msg_id < self.first_id:
+            self._old_in_flight -= 1
         if self.guard is not None:
             self.guard.complete(msg_id)
         if not self.ready:
@@ -165,7 +173,8 @@ class ReplicatingSubscription(OutgoingLink):
         pass
 
     def dequeued(self, queue: Queue, msg_id: int, reason: str) -> None:
-        self.skip.discard(msg_id)
+        if msg_id < self._skip_below:
+            self.skip.discard(msg_id)
         self.pending_dequeues.add(msg_id)
         if self._flush_timer is None:
             self._flush_timer = self.driver.schedule(0.0, self._flush_dequeues)
