@@ -18,6 +18,14 @@ Control deliveries are pre-settled: tag ``d...`` is a batch of dequeued ids
 (full mode, as in hot standby), tag ``s...`` a status map (state, lag in
 messages and seconds, overflow count) sent about once a second.
 
+Acknowledgement.  A replica announces ``hastandby.dr-ack`` and opens a
+second link on the same session, a sender to ``$dr.ack``: about every 20 ms
+it sends ``{"through": ID}``, meaning every delivery up to that source id is
+stored for good.  An asynchronous enqueue-mode source then sends its
+messages pre-settled and removes them from the backlog on these cumulative
+acknowledgements, sparing both nodes a disposition per message; a ``--sync``
+link (and, for now, a full-mode link) keeps per-message ``accepted``.
+
 A replica that stops replicating detaches with the condition
 ``hastandby:replication-stopped``: the source then forgets the replication
 (and deletes its tap).  Any other detach or a lost connection keeps it.
@@ -32,6 +40,8 @@ MODE_PROPERTY = symbol("hastandby.dr-mode")
 KEY_PROPERTY = symbol("hastandby.dr-key")
 EPOCH_PROPERTY = symbol("hastandby.dr-epoch")
 SYNC_PROPERTY = symbol("hastandby.dr-sync")
+ACK_PROPERTY = symbol("hastandby.dr-ack")
+ACK_ADDRESS = "$dr.ack"
 MAX_COUNT_PROPERTY = symbol("hastandby.dr-max-backlog-count")
 MAX_BYTES_PROPERTY = symbol("hastandby.dr-max-backlog-bytes")
 STOPPED = "hastandby:replication-stopped"

@@ -15,14 +15,18 @@ link.  Ids make delivery exactly-once at the replica:
   (a standalone source restarted, its ids begin again) and is kept with the
   configuration.  Local producers are refused so no other message takes ids.
 
-A message is accepted to the source only once the local queue has it for
-good: the enqueue carries a ``Completion`` which the replica's own HA guards
-(when this node is a cluster primary) hold until its backups have it.
+A message is acknowledged to the source only once the local queue has it
+for good: the enqueue carries a ``Completion`` which the replica's own HA
+guards (when this node is a cluster primary) hold until its backups have it.
+An unsettled delivery is then accepted; a pre-settled one (asynchronous
+enqueue mode) counts towards the cumulative acknowledgement sent on the ack
+link about every 20 ms: "stored every delivery up to source id N".
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Any, Callable
 
 import structlog
@@ -41,11 +45,14 @@ from hastandby.browser.protocol import (
     IDS_PROPERTY,
     decode_control,
     decode_dequeues,
+    encode_control,
 )
 from hastandby.node import split_hostport
 
 from .config import ReplicationConfig
 from .protocol import (
+    ACK_ADDRESS,
+    ACK_PROPERTY,
     EPOCH_PROPERTY,
     KEY_PROPERTY,
     MAX_BYTES_PROPERTY,
@@ -60,6 +67,7 @@ from .protocol import (
 log = structlog.get_logger("hastandby.dr.replica")
 
 CREDIT_WINDOW = 5000  # messages in flight: covers a 50 ms WAN round trip at 100k msg/s
+ACK_INTERVAL = 0.02  # seconds between cumulative acknowledgements
 
 
 class ReplicaLink:
@@ -81,6 +89,12 @@ class ReplicaLink:
         self.link: Link | None = None
         self._impl: Any = None
         self._generation = 0  # which link a pending accept belongs to
+        self._ack_link: Link | None = None
+        self._pending: deque[int] = deque()  # source ids received, in order, not yet stored for good
+        self._stored: set[int] = set()  # stored, but an earlier one is still pending
+        self._through = 0  # every delivery up to this source id is stored
+        self._acked = 0  # the last "through" sent to the source
+        self._ack_timer: Any = None
         self.remote: dict[str, Any] = {}
         self.remote_at = 0.0
         self.received = 0
@@ -118,7 +132,8 @@ class ReplicaLink:
         link.source.address = config.queue
         link.target.address = config.queue
         properties: dict[Any, Any] = {MODE_PROPERTY: config.mode, KEY_PROPERTY: config.key,
-                                      EPOCH_PROPERTY: config.epoch, SYNC_PROPERTY: config.sync}
+                                      EPOCH_PROPERTY: config.epoch, SYNC_PROPERTY: config.sync,
+                                      ACK_PROPERTY: True}
         if config.mode == "full":
             link.source.distribution_mode = Terminus.DIST_MODE_COPY
             properties[IDS_PROPERTY] = IdSet.from_ids(queue.ids()).to_wire()
@@ -134,6 +149,15 @@ class ReplicaLink:
         self.driver.register(link, self)
         link.open()
         lib.pn_link_flow(self._impl, CREDIT_WINDOW)
+        ack = session.sender(f"hastandby.dr-ack:{config.queue}:{config.key}")
+        ack.target.address = ACK_ADDRESS
+        ack.snd_settle_mode = Link.SND_SETTLED
+        ack.open()
+        self._ack_link = ack
+        self._pending.clear()
+        self._stored.clear()
+        self._through = self._acked = 0
+        self._ack_timer = self.driver.schedule(ACK_INTERVAL, self._send_ack)
 
     def lost(self, reason: str) -> None:
         log.info("replication source lost", queue=self.queue_name, reason=reason)
@@ -172,6 +196,10 @@ class ReplicaLink:
     def _drop_link(self) -> None:
         if self.link is not None:
             self.driver.unregister(self.link)
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+        self._ack_link = None
         self._generation += 1
         self.link = None
         self._impl = None
@@ -201,25 +229,53 @@ class ReplicaLink:
 
     def _enqueue(self, delivery: Any, source_id: int, data: bytes) -> None:
         queue = self.registry.queue(self.config.queue)
+        if lib.pn_delivery_settled(delivery):  # pre-settled: acknowledged cumulatively
+            lib.pn_delivery_settle(delivery)
+            delivery = None
+        self._pending.append(source_id)
+        token = (self._generation, delivery, source_id)
         if self.config.mode == "full":
             msg_id = source_id
         else:
             msg_id = self.config.base + source_id
-            if msg_id < queue.next_id:  # re-sent after a lost accept: we have it already
+            if msg_id < queue.next_id:  # re-sent after a lost acknowledgement: we have it already
                 self.duplicates += 1
-                self._accept((self._generation, delivery))
+                self._accept(token)
                 return
-        completion = Completion(self._accept, (self._generation, delivery))
+        completion = Completion(self._accept, token)
         queue.enqueue(data, completion, sections.header_ttl(data), msg_id=msg_id)
         self.received += 1
         completion.release()
 
-    def _accept(self, token: tuple[int, Any]) -> None:
-        generation, delivery = token
+    def _accept(self, token: tuple[int, Any, int]) -> None:
+        """The message is stored for good: accept it, or count it towards the next cumulative ack."""
+        generation, delivery, source_id = token
         if self._impl is None or generation != self._generation:
             return  # its link is gone: the source re-sends it, and we drop the duplicate
-        lib.pn_delivery_update(delivery, PN_ACCEPTED)
-        lib.pn_delivery_settle(delivery)
+        if delivery is not None:
+            lib.pn_delivery_update(delivery, PN_ACCEPTED)
+            lib.pn_delivery_settle(delivery)
+        pending = self._pending
+        if pending and pending[0] == source_id:
+            pending.popleft()
+            self._through = source_id
+            stored = self._stored
+            while pending and pending[0] in stored:
+                self._through = pending.popleft()
+                stored.discard(self._through)
+        else:
+            self._stored.add(source_id)
+
+    def _send_ack(self) -> None:
+        self._ack_timer = self.driver.schedule(ACK_INTERVAL, self._send_ack)
+        ack = self._ack_link
+        if ack is None or self._through <= self._acked or ack.credit <= 0:
+            return
+        self._acked = self._through
+        delivery = ack.delivery(b"%d" % self._acked)
+        ack.send(encode_control({"through": self._acked}))
+        ack.advance()
+        delivery.settle()
 
     def flow(self) -> None:
         pass

@@ -31,16 +31,18 @@ from hastandby.broker.completion import Completion
 from hastandby.broker.driver import Driver, Timer
 from hastandby.broker.errors import InvalidArgument, NotAllowed
 from hastandby.broker.exchange import Binding
-from hastandby.broker.links import OutgoingLink, send_payload
+from hastandby.broker.links import OutgoingLink, receive_whole, send_payload
 from hastandby.broker.queue import Queue
 from hastandby.broker.registry import INTERNAL, REPLICATE, Node, Registry
 from hastandby.broker.values import plain
 from hastandby.browser.guard import QueueGuard
 from hastandby.browser.idset import IdSet
-from hastandby.browser.protocol import ADMIN_PROPERTY, BACKUP_PROPERTY, IDS_PROPERTY, encode_control
+from hastandby.browser.protocol import ADMIN_PROPERTY, BACKUP_PROPERTY, IDS_PROPERTY, decode_control, encode_control
 from hastandby.browser.subscription import ReplicatingSubscription
 
 from .protocol import (
+    ACK_ADDRESS,
+    ACK_PROPERTY,
     EPOCH_PROPERTY,
     KEY_PROPERTY,
     MAX_BYTES_PROPERTY,
@@ -170,6 +172,9 @@ class FullSourceLink(ReplicatingSubscription, StatusReporter):
         return {"state": "live" if self.ready else "catching up", "lag_messages": self.lag,
                 "lag_seconds": seconds, "overflow": 0}
 
+    def acknowledged(self, through: int) -> None:
+        """Full mode keeps per-message acknowledgements: nothing to do."""
+
     def describe(self) -> dict[str, Any]:
         return {"queue": self.queue.name, "replica": self.replica, **self.status(), "mode": "full"}
 
@@ -235,8 +240,10 @@ class TapLink(OutgoingLink, StatusReporter):
     """Enqueue mode: the replica consumes the tap; its accept removes a message from the backlog."""
 
     def __init__(self, link: Link, feeder: TapFeeder, registry: Registry, driver: Driver, sync: bool,
-                 replica: str, forget: Any) -> None:
+                 cumulative: bool, replica: str, forget: Any) -> None:
         super().__init__(link, feeder.tap, registry, browsing=False)
+        self.cumulative = cumulative and not sync
+        self._sent: deque[int] = deque()  # pre-settled, awaiting a cumulative acknowledgement
         StatusReporter.__init__(self, link, driver)
         link.properties = {EPOCH_PROPERTY: feeder.tap.uuid}
         self.mode = "enqueue"
@@ -250,6 +257,20 @@ class TapLink(OutgoingLink, StatusReporter):
 
     def _spend_credit(self) -> None:
         self.credit -= 1
+
+    def deliver(self, queue: Queue, msg_id: int, data: bytes, delivery_count: int) -> None:
+        if not self.cumulative:
+            super().deliver(queue, msg_id, data, delivery_count)
+            return
+        lib.pn_delivery_settle(send_payload(self._impl, b"%d" % msg_id, data))
+        self.credit -= 1
+        self._sent.append(msg_id)
+
+    def acknowledged(self, through: int) -> None:
+        """The replica stored every delivery up to ``through``: they leave the backlog."""
+        sent, tap = self._sent, self.queue
+        while sent and sent[0] <= through:
+            tap.acknowledge(sent.popleft())
 
     def status(self) -> dict[str, Any]:
         feeder = self.feeder
@@ -274,12 +295,45 @@ class TapLink(OutgoingLink, StatusReporter):
         self.closed = True
         tap = self.queue
         tap.remove_consumer(self)
-        for msg_id in sorted(self.unsettled):
+        for msg_id in sorted(self.unsettled | set(self._sent)):
             tap.release(msg_id, delivery_failed=False)
         self.unsettled.clear()
+        self._sent.clear()
         condition = self.link.remote_condition
         if condition is not None and condition.name == STOPPED:
             self.forget(self.queue)
+
+
+class AckReceiver:
+    """The replica's cumulative acknowledgements, for the data link of the same connection."""
+
+    def __init__(self, link: Link, endpoint_for: Callable[[Connection], Any]) -> None:
+        self.link = link
+        self.endpoint_for = endpoint_for
+        self.closed = False
+
+    def start(self) -> None:
+        self.link.flow(10)
+
+    def on_delivery(self, impl: Any) -> None:
+        received = receive_whole(impl)
+        if received is None:
+            return
+        delivery, data = received
+        delivery.settle()
+        endpoint = self.endpoint_for(self.link.connection)
+        if endpoint is not None:
+            endpoint.acknowledged(int(decode_control(data).get("through", 0)))
+
+    def flow(self) -> None:
+        pass
+
+    def fail(self, error: Exception) -> None:
+        self.close()
+        self.link.close()
+
+    def close(self) -> None:
+        self.closed = True
 
 
 class DrSource:
@@ -313,6 +367,8 @@ class DrSource:
         terminus = link.remote_source if link.is_sender else link.remote_target
         address = terminus.address or ""
         info = replica_info(link.connection)
+        if info is not None and not link.is_sender and address == ACK_ADDRESS:
+            return AckReceiver(link, self._endpoint_for)
         if info is None or not link.is_sender or str(MODE_PROPERTY) not in properties:
             if address.startswith(TAP_PREFIX) and not _is_peer(link.connection):
                 raise NotAllowed(f"{address!r} is the backlog of a DR replication, not a client queue")
@@ -339,10 +395,13 @@ class DrSource:
                 raise InvalidArgument(f"an enqueue-mode replica needs a key without '.', got {key!r}")
             tap = self._tap(queue, key, properties)
             self._replace_stale_links(tap)
-            endpoint = TapLink(link, self.feeders[tap.name], self.registry, self.driver, sync, replica,
-                               self._forget)
+            endpoint = TapLink(link, self.feeders[tap.name], self.registry, self.driver, sync,
+                               bool(properties.get(str(ACK_PROPERTY))), replica, self._forget)
         self.links = [e for e in self.links if not e.closed] + [endpoint]
         return endpoint
+
+    def _endpoint_for(self, connection: Connection) -> FullSourceLink | TapLink | None:
+        return next((e for e in self.links if not e.closed and e.link.connection == connection), None)
 
     def _replace_stale_links(self, tap: Queue) -> None:
         """A replica reconnected before this node saw its old link go (a half-open
