@@ -34,7 +34,7 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from proton import Message
 from proton.handlers import MessagingHandler
@@ -138,17 +138,39 @@ class PacedProducer(MessagingHandler):
 
 
 class LagReceiver(MessagingHandler):
-    """Records arrival - send time of each stamped message on the replica (browsing a full replica)."""
+    """Records arrival - send time of each stamped message on the replica (browsing a full replica).
 
-    def __init__(self, url: str, browse: bool, count: int) -> None:
+    Once its link is attached it starts the producer process; it stops when it
+    has every message the producer sent, or at ``deadline``.
+    """
+
+    def __init__(self, url: str, browse: bool, count: int, start_producer: Callable[[], Any],
+                 sent: Any, deadline: float) -> None:
         super().__init__(prefetch=0, auto_accept=False, auto_settle=False)
         self.url, self.browse, self.count = url, browse, count
+        self.start_producer, self.sent, self.deadline = start_producer, sent, deadline
         self.lags_ms: list[float] = []
         self.receiver: Any = None
+        self.started_at = 0.0
+        self.producer: Any = None
 
     def on_start(self, event: Any) -> None:
         self.receiver = event.container.create_receiver(self.url, options=[Copy()] if self.browse else None)
         self.receiver.flow(5000)
+        event.container.schedule(0.1, self)
+
+    def on_link_opened(self, event: Any) -> None:
+        if event.link == self.receiver and self.producer is None:
+            self.started_at = time.monotonic()
+            self.producer = self.start_producer()
+
+    def on_timer_task(self, event: Any) -> None:
+        received = len(self.lags_ms)
+        finished = self.sent.value >= 0 and received >= self.sent.value
+        if finished or received >= self.count or time.monotonic() > self.deadline:
+            self.receiver.connection.close()
+        else:
+            event.container.schedule(0.1, self)
 
     def on_delivery(self, event: Any) -> None:
         delivery = event.delivery
@@ -163,8 +185,6 @@ class LagReceiver(MessagingHandler):
         delivery.settle()
         if link.credit < 2500:
             link.flow(5000 - link.credit)
-        if len(self.lags_ms) >= self.count:
-            link.connection.close()
 
 
 def _produce(url: str, rate: float, count: int, time_limit: float, sent: Any) -> None:
@@ -177,31 +197,25 @@ def _lag(source_port: int, replica_port: int, queue: str, mode: str, rate: float
          count: int | None = None) -> dict[str, Any]:
     """The producer runs in its own process so that neither side's Python delays the other's clock."""
     count = count or max(100, int(rate * seconds))
-    receiver = LagReceiver(f"amqp://{LOOPBACK}:{replica_port}/{queue}", mode == "full", count)
-    container = Container(receiver)
-    container.start()
-    deadline = time.monotonic() + 10
-    while receiver.receiver is None or not receiver.receiver.state & receiver.receiver.REMOTE_ACTIVE:
-        container.process()
-        if time.monotonic() > deadline:
-            raise TimeoutError("the lag receiver did not attach")
     context = multiprocessing.get_context("fork")
     sent = context.Value("q", -1)
-    producer = context.Process(
-        target=_produce, args=(f"amqp://{LOOPBACK}:{source_port}/{queue}", rate, count, seconds * 2 + 10, sent))
-    started = time.monotonic()
-    producer.start()
+
+    def start_producer() -> Any:
+        process = context.Process(target=_produce, args=(f"amqp://{LOOPBACK}:{source_port}/{queue}", rate, count,
+                                                         seconds * 2 + 10, sent))
+        process.start()
+        return process
+
+    receiver = LagReceiver(f"amqp://{LOOPBACK}:{replica_port}/{queue}", mode == "full", count, start_producer,
+                           sent, deadline=time.monotonic() + seconds * 3 + 40)
     try:
-        limit = started + seconds * 3 + 30
-        while time.monotonic() < limit and container.process():
-            received = len(receiver.lags_ms)
-            if received >= count or (sent.value >= 0 and received >= sent.value):
-                break
+        Container(receiver).run()
     finally:
-        producer.join(30)
-        if producer.is_alive():
-            producer.kill()
-    elapsed = time.monotonic() - started
+        if receiver.producer is not None:
+            receiver.producer.join(30)
+            if receiver.producer.is_alive():
+                receiver.producer.kill()
+    elapsed = time.monotonic() - receiver.started_at
     lags = sorted(receiver.lags_ms)
     if sent.value < 0 or len(lags) < sent.value:
         raise RuntimeError(f"{len(lags)} messages reached the replica of {sent.value} sent")
