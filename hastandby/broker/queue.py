@@ -165,7 +165,8 @@ class Queue:
             heapq.heappush(self._expiry_heap, (deadline, msg_id))
         for observer in self.observers:
             observer.enqueued(self, msg_id, data, completion)
-        self.dispatch()
+        if self.consumers or self.browsers:  # a replica or an unconsumed queue skips the call
+            self.dispatch()
         return msg_id
 
     def _make_room(self, size: int) -> None:

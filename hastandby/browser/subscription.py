@@ -80,6 +80,8 @@ class ReplicatingSubscription(OutgoingLink):
         # (which hashes by address): an accept names its message without
         # decoding the delivery tag.
         self._sent_ids: dict[Any, int] = {}
+        self._accepted: list[Any] = []  # acknowledged deliveries not settled yet
+        self._settle_timer: Timer | None = None
         self._old_in_flight = 0  # in flight with ids below first_id: readiness waits for them
         self.ready = False
         self.sent = 0
@@ -130,9 +132,9 @@ class ReplicatingSubscription(OutgoingLink):
         if not _pn_delivery_settled(delivery) and not _pn_delivery_remote_state(delivery):
             return
         msg_id = self._sent_ids.pop(delivery, None)
-        _pn_delivery_settle(delivery)
         if msg_id is None:
-            return  # a (pre-settled) dequeue batch
+            return  # a pre-settled dequeue batch, or a message already acknowledged
+        self._settle_soon(delivery)
         self.in_flight.discard(msg_id)
         if msg_id < self.first_id:
             self._old_in_flight -= 1
@@ -140,6 +142,25 @@ class ReplicatingSubscription(OutgoingLink):
             self.guard.complete(msg_id)
         if not self.ready:
             self._check_ready()
+
+    def _settle_soon(self, delivery: Any) -> None:
+        """Settle acknowledged deliveries together, after this pass of engine events.
+
+        Each settle makes the engine raise a transport event for the backup's
+        connection, and the producer's accept one for the producer's: settled
+        one by one they alternate, are never merged, and were two of the four
+        engine events per replicated message.  The deliveries stay valid
+        until settled: the link (held by ``self.link``) owns them.
+        """
+        self._accepted.append(delivery)
+        if self._settle_timer is None:
+            self._settle_timer = self.driver.schedule(0.0, self._settle_accepted)
+
+    def _settle_accepted(self) -> None:
+        self._settle_timer = None
+        accepted, self._accepted = self._accepted, []
+        for delivery in accepted:
+            _pn_delivery_settle(delivery)
 
     def _check_ready(self) -> None:
         if self.ready or self.closed:
@@ -187,6 +208,9 @@ class ReplicatingSubscription(OutgoingLink):
         self.closed = True
         if self._flush_timer is not None:
             self._flush_timer.cancel()
+        if self._settle_timer is not None:
+            self._settle_timer.cancel()
+        self._settle_accepted()
         queue = self.queue
         queue.remove_observer(self)
         if self in queue.browsers:
