@@ -249,6 +249,7 @@ class Queue:
         index = hint
         end = len(ids)
         acquired = self._acquired
+        counts = self._delivery_counts
         while index < end and browser.credit > 0:
             payload = data[index]
             msg_id = ids[index]
@@ -256,7 +257,7 @@ class Queue:
             if payload is None or (not browser.sees_acquired and msg_id in acquired):
                 continue
             last_id = msg_id
-            browser.deliver(self, msg_id, payload, self._delivery_counts.get(msg_id, 0))
+            browser.deliver(self, msg_id, payload, counts.get(msg_id, 0) if counts else 0)
             if self._ids is not ids:  # compacted while delivering
                 break
         if self._ids is ids:

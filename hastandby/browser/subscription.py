@@ -134,7 +134,10 @@ class ReplicatingSubscription(OutgoingLink):
         msg_id = self._sent_ids.pop(delivery, None)
         if msg_id is None:
             return  # a pre-settled dequeue batch, or a message already acknowledged
-        self._settle_soon(delivery)
+        # Settled later, together (see _settle_accepted); inlined: once per message.
+        self._accepted.append(delivery)
+        if self._settle_timer is None:
+            self._settle_timer = self.driver.schedule(0.0, self._settle_accepted)
         self.in_flight.discard(msg_id)
         if msg_id < self.first_id:
             self._old_in_flight -= 1
@@ -143,7 +146,7 @@ class ReplicatingSubscription(OutgoingLink):
         if not self.ready:
             self._check_ready()
 
-    def _settle_soon(self, delivery: Any) -> None:
+    def _settle_accepted(self) -> None:
         """Settle acknowledged deliveries together, after this pass of engine events.
 
         Each settle makes the engine raise a transport event for the backup's
@@ -152,11 +155,6 @@ class ReplicatingSubscription(OutgoingLink):
         engine events per replicated message.  The deliveries stay valid
         until settled: the link (held by ``self.link``) owns them.
         """
-        self._accepted.append(delivery)
-        if self._settle_timer is None:
-            self._settle_timer = self.driver.schedule(0.0, self._settle_accepted)
-
-    def _settle_accepted(self) -> None:
         self._settle_timer = None
         accepted, self._accepted = self._accepted, []
         for delivery in accepted:
