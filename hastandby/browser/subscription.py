@@ -84,7 +84,6 @@ class ReplicatingSubscription(OutgoingLink):
         self._settle_timer: Timer | None = None
         self._old_in_flight = 0  # in flight with ids below first_id: readiness waits for them
         self.ready = False
-        self.sent = 0
         self._control_seq = 0
         self._flush_timer: Timer | None = None
 
@@ -101,7 +100,6 @@ class ReplicatingSubscription(OutgoingLink):
             return
         self._sent_ids[send_payload(self._impl, b"%d" % msg_id, data)] = msg_id
         self.credit -= 1
-        self.sent += 1
         self.in_flight.add(msg_id)
         if msg_id < self.first_id:
             self._old_in_flight += 1
