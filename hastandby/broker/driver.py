@@ -225,6 +225,7 @@ class Driver:
         self._timers: list[Timer] = []
         self._seq = itertools.count()
         self._calls: collections.deque[Callable[[], None]] = collections.deque()
+        self._after_events: list[Callable[[], None]] = []
         self._wakeup = _Wakeup(self)
         self.selector.register(self._wakeup.read_fd, selectors.EVENT_READ, self._wakeup)
         self._stopped = False
@@ -330,6 +331,10 @@ class Driver:
         heapq.heappush(self._timers, timer)
         return timer
 
+    def after_events(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` once the engine events pending now are handled, before output is written."""
+        self._after_events.append(fn)
+
     def call_soon_threadsafe(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the driver's thread; safe from any thread and from signal handlers."""
         self._calls.append(fn)
@@ -361,7 +366,7 @@ class Driver:
         self._stopped = True
 
     def _next_timeout(self) -> float:
-        if self._calls or lib.pn_collector_peek(self._c_impl) != ffi.NULL or self.dirty:
+        if self._calls or self._after_events or lib.pn_collector_peek(self._c_impl) != ffi.NULL or self.dirty:
             return 0.0
         if not self._timers:
             return 1.0
@@ -415,7 +420,10 @@ class Driver:
         while True:
             event = peek(collector)
             if not event:  # NULL
-                return
+                if not self._after_events:
+                    return
+                self._run_after_events()
+                continue
             kind = event_type(event)
             if kind == PN_DELIVERY:
                 delivery = event_delivery(event)
@@ -451,6 +459,14 @@ class Driver:
             else:
                 self._dispatch(event)
             pop(collector)
+
+    def _run_after_events(self) -> None:
+        calls, self._after_events = self._after_events, []
+        for fn in calls:
+            try:
+                fn()
+            except Exception:
+                log.exception("after-events call failed")
 
     def _unregister_links(self, connection: Any) -> None:
         """A closed transport's links get no more events: let go of their endpoints."""

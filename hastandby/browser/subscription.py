@@ -62,6 +62,7 @@ class ReplicatingSubscription(OutgoingLink):
         self.guard = guard
         self.first_id = guard.first_id if guard is not None else queue.next_id
         queue.add_observer(self)
+        queue.defer_browse = driver.after_events  # new messages go to backups once per pass of events
         if foreign_ids:  # the ids name another incarnation's messages: replace them all
             self.skip = IdSet()
             self.pending_dequeues = backup_ids

@@ -88,6 +88,38 @@ def test_browser_sees_everything_in_order_without_taking_it_and_follows_new_ones
     assert [m[0] for m in consumer.got] == [1, 2, 3, 4]
 
 
+def test_deferred_browse_sends_what_was_enqueued_once_per_pass_in_order():
+    q = make()
+    browser = FakeConsumer(credit=10, browsing=True)
+    q.add_consumer(browser)
+    pending: list = []
+    q.defer_browse = pending.append
+    for i in range(3):
+        q.enqueue(b"m%d" % i)
+    assert browser.got == [] and len(pending) == 1  # one dispatch for the whole pass
+    q.dequeue(2, "consumed")  # gone before the browse: never sent
+    pending.pop()()
+    assert [m[0] for m in browser.got] == [1, 3]
+    q.enqueue(b"m3")
+    assert len(pending) == 1  # the next pass asks again
+    pending.pop()()
+    assert [m[0] for m in browser.got] == [1, 3, 4]
+
+
+def test_deferred_browse_does_not_delay_consumers_or_browsers_beside_them():
+    q = make()
+    browser = FakeConsumer(credit=10, browsing=True, sees_acquired=True)
+    consumer = FakeConsumer(credit=10)
+    q.add_consumer(browser)
+    q.add_consumer(consumer)
+    pending: list = []
+    q.defer_browse = pending.append
+    q.enqueue(b"m0")
+    q.enqueue(b"m1")
+    assert pending == []
+    assert [m[0] for m in consumer.got] == [1, 2] and [m[0] for m in browser.got] == [1, 2]
+
+
 def test_plain_browser_skips_acquired_replicating_browser_does_not():
     q = make()
     for i in range(3):
