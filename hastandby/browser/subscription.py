@@ -82,7 +82,7 @@ class ReplicatingSubscription(OutgoingLink):
         # decoding the delivery tag.
         self._sent_ids: dict[Any, int] = {}
         self._accepted: list[Any] = []  # acknowledged deliveries not settled yet
-        self._settle_timer: Timer | None = None
+        self._settle_pending = False
         self._old_in_flight = 0  # in flight with ids below first_id: readiness waits for them
         self.ready = False
         self._control_seq = 0
@@ -135,8 +135,9 @@ class ReplicatingSubscription(OutgoingLink):
             return  # a pre-settled dequeue batch, or a message already acknowledged
         # Settled later, together (see _settle_accepted); inlined: once per message.
         self._accepted.append(delivery)
-        if self._settle_timer is None:
-            self._settle_timer = self.driver.schedule(0.0, self._settle_accepted)
+        if not self._settle_pending:
+            self._settle_pending = True
+            self.driver.after_events(self._settle_accepted)
         self.in_flight.discard(msg_id)
         if msg_id < self.first_id:
             self._old_in_flight -= 1
@@ -154,7 +155,7 @@ class ReplicatingSubscription(OutgoingLink):
         engine events per replicated message.  The deliveries stay valid
         until settled: the link (held by ``self.link``) owns them.
         """
-        self._settle_timer = None
+        self._settle_pending = False
         accepted, self._accepted = self._accepted, []
         for delivery in accepted:
             _pn_delivery_settle(delivery)
@@ -205,8 +206,6 @@ class ReplicatingSubscription(OutgoingLink):
         self.closed = True
         if self._flush_timer is not None:
             self._flush_timer.cancel()
-        if self._settle_timer is not None:
-            self._settle_timer.cancel()
         self._settle_accepted()
         queue = self.queue
         queue.remove_observer(self)
