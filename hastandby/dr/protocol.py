@@ -21,10 +21,12 @@ messages and seconds, overflow count) sent about once a second.
 Acknowledgement.  A replica announces ``hastandby.dr-ack`` and opens a
 second link on the same session, a sender to ``$dr.ack``: about every 20 ms
 it sends ``{"through": ID}``, meaning every delivery up to that source id is
-stored for good.  An asynchronous enqueue-mode source then sends its
-messages pre-settled and removes them from the backlog on these cumulative
-acknowledgements, sparing both nodes a disposition per message; a ``--sync``
-link (and, for now, a full-mode link) keeps per-message ``accepted``.
+stored for good.  An asynchronous source then sends its messages
+pre-settled, sparing both nodes a disposition per message: in enqueue mode
+the backlog keeps them until acknowledged this way; in full mode the id set
+a reconnecting replica sends is what re-sends a lost one, and the
+acknowledgements only measure lag.  A ``--sync`` link keeps per-message
+``accepted``: the producer's acknowledgement waits on it.
 
 A replica that stops replicating detaches with the condition
 ``hastandby:replication-stopped``: the source then forgets the replication

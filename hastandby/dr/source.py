@@ -143,10 +143,15 @@ class FullSourceLink(ReplicatingSubscription, StatusReporter):
     """Full mode: the queue's messages and dequeues, with catch-up by id set."""
 
     def __init__(self, link: Link, queue: Queue, registry: Registry, driver: Driver, sync: bool,
-                 replica_ids: IdSet, replica_epoch: str, replica: str) -> None:
+                 cumulative: bool, replica_ids: IdSet, replica_epoch: str, replica: str) -> None:
         foreign = bool(replica_epoch) and replica_epoch != queue.uuid
         super().__init__(link, queue, registry, driver, QueueGuard(queue) if sync else None, replica_ids,
                          on_ready=self._live, foreign_ids=foreign)
+        # Asynchronous: sent pre-settled, acknowledged cumulatively.  A message lost
+        # with the link is not in the id set the replica sends on reconnect, so the
+        # catch-up sends it again: the id sets are the reliability, not the acks.
+        self.cumulative = cumulative and not sync
+        self._unacked: deque[int] = deque()
         StatusReporter.__init__(self, link, driver)
         link.properties = {EPOCH_PROPERTY: queue.uuid}
         self.mode = "full"
@@ -166,14 +171,40 @@ class FullSourceLink(ReplicatingSubscription, StatusReporter):
     def enqueued(self, queue: Queue, msg_id: int, data: bytes, completion: Any) -> None:
         self.arrivals.add(msg_id)
 
-    def status(self) -> dict[str, Any]:
-        queue = self.queue
-        seconds = self.arrivals.age(lambda i: i not in self.in_flight and queue.browsed_past(self, i))
-        return {"state": "live" if self.ready else "catching up", "lag_messages": self.lag,
-                "lag_seconds": seconds, "overflow": 0}
+    def deliver(self, queue: Queue, msg_id: int, data: bytes, delivery_count: int) -> None:
+        if not self.cumulative:
+            super().deliver(queue, msg_id, data, delivery_count)
+            return
+        if msg_id < self._skip_below and msg_id in self.skip:
+            self.skip.discard(msg_id)
+            return
+        lib.pn_delivery_settle(send_payload(self._impl, b"%d" % msg_id, data))
+        self.credit -= 1
+        self._unacked.append(msg_id)
 
     def acknowledged(self, through: int) -> None:
-        """Full mode keeps per-message acknowledgements: nothing to do."""
+        """The replica stored every delivery up to ``through``."""
+        unacked = self._unacked
+        while unacked and unacked[0] <= through:
+            unacked.popleft()
+
+    def _acknowledged_id(self, msg_id: int) -> bool:
+        if self.cumulative:
+            return not self._unacked or msg_id < self._unacked[0]
+        return msg_id not in self.in_flight
+
+    @property
+    def lag(self) -> int:
+        """Messages on the queue the replica has not acknowledged yet."""
+        if self.closed:
+            return 0
+        return (len(self._unacked) if self.cumulative else len(self.in_flight)) + self.queue.count_after(self)
+
+    def status(self) -> dict[str, Any]:
+        queue = self.queue
+        seconds = self.arrivals.age(lambda i: self._acknowledged_id(i) and queue.browsed_past(self, i))
+        return {"state": "live" if self.ready else "catching up", "lag_messages": self.lag,
+                "lag_seconds": seconds, "overflow": 0}
 
     def describe(self) -> dict[str, Any]:
         return {"queue": self.queue.name, "replica": self.replica, **self.status(), "mode": "full"}
@@ -388,7 +419,8 @@ class DrSource:
             except (TypeError, ValueError) as error:
                 raise InvalidArgument(f"bad {IDS_PROPERTY}: {error}") from None
             endpoint: FullSourceLink | TapLink = FullSourceLink(
-                link, queue, self.registry, self.driver, sync, ids, epoch, replica)
+                link, queue, self.registry, self.driver, sync, bool(properties.get(str(ACK_PROPERTY))),
+                ids, epoch, replica)
         else:
             key = str(properties.get(str(KEY_PROPERTY)) or "")
             if not key or "." in key:
