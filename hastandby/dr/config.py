@@ -94,6 +94,9 @@ class MemoryStore:
         return list(self._configs.values())
 
     def save(self, config: ReplicationConfig) -> None:
+        if config.queue not in self._configs:
+            log.warning("replication configuration is kept in memory only (no --data-dir, no --etcd): "
+                        "a restart forgets it", queue=config.queue)
         self._configs[config.queue] = config
 
     def remove(self, queue: str) -> None:

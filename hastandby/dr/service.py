@@ -225,5 +225,4 @@ def config_store(data_dir: Path | None, etcd: str | None, cluster: str) -> Confi
         return EtcdStore(etcd, cluster)
     if data_dir is not None:
         return FileStore(data_dir)
-    log.info("replication configuration is kept in memory only (no --data-dir, no --etcd)")
     return MemoryStore()
