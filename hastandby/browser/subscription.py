@@ -19,6 +19,7 @@ unaccepted (Qpid's ReplicatingSubscription readiness rule).
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Callable
 
 from cproton import lib
@@ -52,6 +53,7 @@ class ReplicatingSubscription(OutgoingLink):
         backup_ids: IdSet,
         on_ready: Callable[["ReplicatingSubscription"], None],
         foreign_ids: bool = False,
+        cumulative: bool = False,
     ) -> None:
         super().__init__(link, queue, registry, browsing=True)
         self.sees_acquired = True
@@ -77,6 +79,10 @@ class ReplicatingSubscription(OutgoingLink):
         # newer messages need not ask the IdSet (a Python call per message).
         self._skip_below = queue.next_id if self.skip else 0
         self.in_flight: set[int] = set()
+        # Cumulative acknowledgements (protocol.py): sent pre-settled, in id order,
+        # acknowledged by the highest id stored.
+        self.cumulative = cumulative
+        self._unacked: deque[int] = deque()
         # The id of each message delivery still unsettled, by its C delivery
         # (which hashes by address): an accept names its message without
         # decoding the delivery tag.
@@ -99,11 +105,27 @@ class ReplicatingSubscription(OutgoingLink):
         if msg_id < self._skip_below and msg_id in self.skip:
             self.skip.discard(msg_id)
             return
-        self._sent_ids[send_payload(self._impl, b"%d" % msg_id, data)] = msg_id
+        if self.cumulative:
+            _pn_delivery_settle(send_payload(self._impl, b"%d" % msg_id, data))
+            self._unacked.append(msg_id)
+        else:
+            self._sent_ids[send_payload(self._impl, b"%d" % msg_id, data)] = msg_id
+            self.in_flight.add(msg_id)
         self.credit -= 1
-        self.in_flight.add(msg_id)
         if msg_id < self.first_id:
             self._old_in_flight += 1
+
+    def acknowledged(self, through: int) -> None:
+        """The backup stored every message up to ``through`` (a cumulative acknowledgement)."""
+        unacked, guard, first = self._unacked, self.guard, self.first_id
+        while unacked and unacked[0] <= through:
+            msg_id = unacked.popleft()
+            if msg_id < first:
+                self._old_in_flight -= 1
+            if guard is not None:
+                guard.complete(msg_id)
+        if not self.ready:
+            self._check_ready()
 
     def flow(self) -> None:
         self.credit = lib.pn_link_credit(self._impl)
@@ -178,7 +200,7 @@ class ReplicatingSubscription(OutgoingLink):
         """Messages on the queue this backup has not acknowledged yet."""
         if self.closed:
             return 0
-        return len(self.in_flight) + self.queue.count_after(self)
+        return len(self.in_flight) + len(self._unacked) + self.queue.count_after(self)
 
     # -- QueueObserver: dequeues on the primary go to the backup in batches --------------
 

@@ -21,7 +21,13 @@ from typing import Any
 import structlog
 from proton import Link, Terminus
 
-from hastandby.broker.errors import AlreadyExists, BrokerError, InvalidArgument, NotAllowed, NotFound
+from hastandby.broker.errors import (
+    AlreadyExists,
+    BrokerError,
+    InvalidArgument,
+    NotAllowed,
+    NotFound,
+)
 from hastandby.broker.management import Request
 from hastandby.node import Node
 

@@ -37,7 +37,13 @@ from hastandby.broker.registry import INTERNAL, REPLICATE, Node, Registry
 from hastandby.broker.values import plain
 from hastandby.browser.guard import QueueGuard
 from hastandby.browser.idset import IdSet
-from hastandby.browser.protocol import ADMIN_PROPERTY, BACKUP_PROPERTY, IDS_PROPERTY, decode_control, encode_control
+from hastandby.browser.protocol import (
+    ADMIN_PROPERTY,
+    BACKUP_PROPERTY,
+    IDS_PROPERTY,
+    decode_control,
+    encode_control,
+)
 from hastandby.browser.subscription import ReplicatingSubscription
 
 from .protocol import (
@@ -145,13 +151,12 @@ class FullSourceLink(ReplicatingSubscription, StatusReporter):
     def __init__(self, link: Link, queue: Queue, registry: Registry, driver: Driver, sync: bool,
                  cumulative: bool, replica_ids: IdSet, replica_epoch: str, replica: str) -> None:
         foreign = bool(replica_epoch) and replica_epoch != queue.uuid
-        super().__init__(link, queue, registry, driver, QueueGuard(queue) if sync else None, replica_ids,
-                         on_ready=self._live, foreign_ids=foreign)
         # Asynchronous: sent pre-settled, acknowledged cumulatively.  A message lost
         # with the link is not in the id set the replica sends on reconnect, so the
-        # catch-up sends it again: the id sets are the reliability, not the acks.
-        self.cumulative = cumulative and not sync
-        self._unacked: deque[int] = deque()
+        # catch-up sends it again.  --sync keeps per-message accepts: the replica
+        # acknowledges cumulatively only every 20 ms, too slow for a waiting producer.
+        super().__init__(link, queue, registry, driver, QueueGuard(queue) if sync else None, replica_ids,
+                         on_ready=self._live, foreign_ids=foreign, cumulative=cumulative and not sync)
         StatusReporter.__init__(self, link, driver)
         link.properties = {EPOCH_PROPERTY: queue.uuid}
         self.mode = "full"
@@ -171,34 +176,10 @@ class FullSourceLink(ReplicatingSubscription, StatusReporter):
     def enqueued(self, queue: Queue, msg_id: int, data: bytes, completion: Any) -> None:
         self.arrivals.add(msg_id)
 
-    def deliver(self, queue: Queue, msg_id: int, data: bytes, delivery_count: int) -> None:
-        if not self.cumulative:
-            super().deliver(queue, msg_id, data, delivery_count)
-            return
-        if msg_id < self._skip_below and msg_id in self.skip:
-            self.skip.discard(msg_id)
-            return
-        lib.pn_delivery_settle(send_payload(self._impl, b"%d" % msg_id, data))
-        self.credit -= 1
-        self._unacked.append(msg_id)
-
-    def acknowledged(self, through: int) -> None:
-        """The replica stored every delivery up to ``through``."""
-        unacked = self._unacked
-        while unacked and unacked[0] <= through:
-            unacked.popleft()
-
     def _acknowledged_id(self, msg_id: int) -> bool:
         if self.cumulative:
             return not self._unacked or msg_id < self._unacked[0]
         return msg_id not in self.in_flight
-
-    @property
-    def lag(self) -> int:
-        """Messages on the queue the replica has not acknowledged yet."""
-        if self.closed:
-            return 0
-        return (len(self._unacked) if self.cumulative else len(self.in_flight)) + self.queue.count_after(self)
 
     def status(self) -> dict[str, Any]:
         queue = self.queue
