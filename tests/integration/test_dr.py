@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from proton import Message
@@ -24,6 +24,7 @@ from benchmarks.delay_proxy import DelayProxy
 from hastandby.client import ManagementClient, ManagementError
 from tests.support.clients import browse, receive, send
 from tests.support.nodes import REPO
+from tests.support.waiting import wait_for
 
 
 def hastandby(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
@@ -38,17 +39,6 @@ def bodies(address: str, queue: str, limit: int = 10_000) -> list[Any]:
     return [m.body for m in browse(address, queue, limit, timeout=0.5)]
 
 
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
-
-
 def wait_bodies(address: str, queue: str, expected: list[Any], timeout: float = 20.0) -> None:
     seen: list[Any] = []
 
@@ -57,7 +47,7 @@ def wait_bodies(address: str, queue: str, expected: list[Any], timeout: float = 
         return seen == expected
 
     try:
-        wait_for(same, f"{queue} on {address} to hold {len(expected)} messages", timeout)
+        wait_for(same, timeout, f"{queue} on {address} to hold {len(expected)} messages")
     except AssertionError:
         raise AssertionError(f"{queue} on {address}: {seen[:20]}... ({len(seen)}), "
                              f"expected {expected[:20]}... ({len(expected)})") from None
@@ -71,7 +61,7 @@ def replication(address: str, side: str, queue: str) -> dict[str, Any] | None:
 
 def wait_state(address: str, side: str, queue: str, state: str, timeout: float = 20.0) -> dict[str, Any]:
     return wait_for(lambda: (r := replication(address, side, queue)) and r["state"] == state and r,
-                    f"{side} {queue} on {address} to be {state}", timeout)
+                    timeout, f"{side} {queue} on {address} to be {state}")
 
 
 def numbered(prefix: str, count: int, start: int = 0) -> list[Message]:
@@ -298,7 +288,7 @@ def test_backlog_overflow_reported(node_factory):
         proxy.refuse(False)
         wait_bodies(replica.address, "q", [f"o{i}" for i in range(15, 25)])
         assert wait_for(lambda: (r := replication(replica.address, "replicas", "q")) and r["overflow"] == 15,
-                        "the replica to report the overflow")
+                        20, "the replica to report the overflow")
     finally:
         proxy.stop()
 
@@ -349,6 +339,6 @@ def test_replicate_bad_input(node_factory):
     # A source refuses a tap address to ordinary clients.
     hastandby("replicate", "-b", replica.address, source.address, "q", "--create", "--mode", "enqueue")
     tap = wait_for(lambda: next((x["name"] for x in ManagementClient(source.address).request("QUERY")["queues"]
-                                 if x["name"].startswith("$dr.")), None), "the tap queue")
+                                 if x["name"].startswith("$dr.")), None), what="the tap queue")
     with pytest.raises(LinkDetached, match="backlog of a DR replication"):
         receive(source.address, tap, 1, timeout=1)

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from proton import Delivery, Message
@@ -27,21 +27,9 @@ from hastandby.client import ManagementError
 from tests.support.clients import browse, connect, receive, send
 from tests.support.cluster import HaCluster
 from tests.support.nodes import REPO
-
+from tests.support.waiting import wait_for
 
 # -- helpers ------------------------------------------------------------------------
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll ``check`` until it returns something truthy; fail with the last value seen."""
-    deadline = time.monotonic() + timeout
-    seen: Any = None
-    while time.monotonic() < deadline:
-        seen = check()
-        if seen:
-            return seen
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not true after {timeout}s (last seen {seen!r})")
 
 
 def contents(c: HaCluster, index: int, name: str) -> list[Any] | None:
