@@ -29,7 +29,7 @@ from proton import Connection, Link
 
 from hastandby.broker.completion import Completion
 from hastandby.broker.driver import Driver, Timer
-from hastandby.broker.errors import InvalidArgument, NotAllowed
+from hastandby.broker.errors import InvalidArgument, NotAllowed, NotFound
 from hastandby.broker.exchange import Binding
 from hastandby.broker.links import OutgoingLink, receive_whole, send_payload
 from hastandby.broker.queue import Queue
@@ -481,6 +481,11 @@ class DrSource:
         for tap_feeder in list(self.feeders.values()):
             if tap_feeder.source is obj:
                 self.driver.schedule(0.0, lambda tap=tap_feeder.tap: self._forget(tap))
+        for endpoint in self.links:
+            is_source = endpoint.queue is obj or (isinstance(endpoint, TapLink) and endpoint.feeder.source is obj)
+            if is_source and not endpoint.closed:
+                # The replica hears why and retries until a queue of that name is back.
+                endpoint.fail(NotFound(f"source queue {obj.name!r} was deleted"))
 
     def bound(self, binding: Binding) -> None:
         pass

@@ -315,6 +315,23 @@ def test_replica_refuses_local_changes(node_factory):
     assert replication(replica.address, "replicas", "q") is None
 
 
+def test_source_queue_deleted_and_recreated(node_factory):
+    """Deleting the source queue ends the link with a clear error; the replica retries and
+    resumes when a queue of that name is back (a new one: a full replica converges to it)."""
+    source, replica = node_factory(name="source"), node_factory(name="replica")
+    hastandby("add", "queue", "q", "-b", source.address)
+    hastandby("replicate", "-b", replica.address, source.address, "q", "--create")
+    send(source.address, "q", numbered("old", 3))
+    wait_bodies(replica.address, "q", ["old0", "old1", "old2"])
+    hastandby("del", "queue", "q", "-b", source.address)
+    wait_for(lambda: "was deleted" in (replication(replica.address, "replicas", "q") or {}).get("error") or "",
+             20, "the replica to report the deleted source queue")
+    hastandby("add", "queue", "q", "-b", source.address)
+    send(source.address, "q", numbered("new", 2))
+    wait_bodies(replica.address, "q", ["new0", "new1"])
+    assert wait_state(replica.address, "replicas", "q", "live")["error"] is None
+
+
 def test_replicate_bad_input(node_factory):
     """Clear one-line errors, nothing changes, the node keeps serving."""
     source, replica = node_factory(name="source"), node_factory(name="replica")
