@@ -67,7 +67,11 @@ class ReplicationConfig:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "ReplicationConfig":
-        raw = json.loads(text)
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, raw: object) -> "ReplicationConfig":
+        """From stored fields; fields this version does not know are ignored."""
         if not isinstance(raw, dict):
             raise ValueError("a replication config must be a JSON object")
         known = {f.name for f in fields(cls)}
@@ -114,7 +118,7 @@ class FileStore:
         if not self.path.exists():
             return []
         try:
-            return [ReplicationConfig.from_json(json.dumps(item)) for item in json.loads(self.path.read_text())]
+            return [ReplicationConfig.from_dict(item) for item in json.loads(self.path.read_text())]
         except (OSError, ValueError, TypeError, InvalidArgument) as error:
             raise SystemExit(f"cannot read {self.path}: {error}") from None
 

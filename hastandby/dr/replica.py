@@ -38,6 +38,7 @@ from hastandby.broker.completion import Completion
 from hastandby.broker.driver import Driver
 from hastandby.broker.links import delivery_tag, take_payload
 from hastandby.broker.outbound import Address, Outbound
+from hastandby.broker.queue import Queue
 from hastandby.broker.registry import Registry
 from hastandby.browser.idset import IdSet
 from hastandby.browser.protocol import (
@@ -88,6 +89,7 @@ class ReplicaLink:
         self.save = save
         self.link: Link | None = None
         self._impl: Any = None
+        self._queue: Queue | None = None  # the local queue, looked up once per link, not per message
         self._generation = 0  # which link a pending accept belongs to
         self._ack_link: Link | None = None
         self._pending: deque[int] = deque()  # source ids received, in order, not yet stored for good
@@ -125,7 +127,7 @@ class ReplicaLink:
 
     def opened(self, connection: Connection) -> None:
         config = self.config
-        queue = self.registry.queue(config.queue)
+        queue = self._queue = self.registry.queue(config.queue)
         session = connection.session()
         session.open()
         link = session.receiver(f"hastandby.dr:{config.queue}:{config.key}")
@@ -220,7 +222,7 @@ class ReplicaLink:
             self.remote, self.remote_at = decode_control(data), time.monotonic()
             lib.pn_delivery_settle(delivery)
         elif tag.startswith(DEQUEUE_TAG):
-            queue = self.registry.queue(self.config.queue)
+            queue = self._queue
             for msg_id in decode_dequeues(data):
                 queue.dequeue(msg_id, "replicated")
             lib.pn_delivery_settle(delivery)
@@ -228,7 +230,7 @@ class ReplicaLink:
             self._enqueue(delivery, int(tag), data)
 
     def _enqueue(self, delivery: Any, source_id: int, data: bytes) -> None:
-        queue = self.registry.queue(self.config.queue)
+        queue = self._queue
         if lib.pn_delivery_settled(delivery):  # pre-settled: acknowledged cumulatively
             lib.pn_delivery_settle(delivery)
             delivery = None

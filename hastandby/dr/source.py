@@ -116,10 +116,16 @@ class Arrivals:
 
 
 class StatusReporter:
-    """Sends a replica a status map about once a second, on a link's spare credit."""
+    """Sends a replica a status map about once a second, on a link's spare credit.
 
-    def __init__(self, link: Link, driver: Driver) -> None:
-        self._status_impl = link._impl
+    Mixed into the two source links, whose ``_impl`` is the raw link and whose
+    ``credit`` counts what they may still send.
+    """
+
+    _impl: Any
+    credit: int
+
+    def __init__(self, driver: Driver) -> None:
         self._driver = driver
         self._seq = 0
         self._timer: Timer | None = driver.schedule(0.0, self._report)
@@ -128,16 +134,13 @@ class StatusReporter:
         raise NotImplementedError
 
     def _report(self) -> None:
-        impl = self._status_impl
+        impl = self._impl
         if lib.pn_link_credit(impl) > 0:
             self._seq += 1
             data = encode_control(self.status())
             lib.pn_delivery_settle(send_payload(impl, STATUS_TAG + b"%d" % self._seq, data))
-            self._spend_credit()
+            self.credit -= 1
         self._timer = self._driver.schedule(STATUS_INTERVAL, self._report)
-
-    def _spend_credit(self) -> None:
-        """A link that counts its credit itself must count this delivery too."""
 
     def _stop_reports(self) -> None:
         if self._timer is not None:
@@ -157,7 +160,7 @@ class FullSourceLink(ReplicatingSubscription, StatusReporter):
         # acknowledges cumulatively only every 20 ms, too slow for a waiting producer.
         super().__init__(link, queue, registry, driver, QueueGuard(queue) if sync else None, replica_ids,
                          on_ready=self._live, foreign_ids=foreign, cumulative=cumulative and not sync)
-        StatusReporter.__init__(self, link, driver)
+        StatusReporter.__init__(self, driver)
         link.properties = {EPOCH_PROPERTY: queue.uuid}
         self.mode = "full"
         self.replica = replica
@@ -169,9 +172,6 @@ class FullSourceLink(ReplicatingSubscription, StatusReporter):
 
     def _live(self, subscription: ReplicatingSubscription) -> None:
         log.info("replica live", queue=self.queue.name, mode="full", replica=self.replica)
-
-    def _spend_credit(self) -> None:
-        self.credit -= 1
 
     def enqueued(self, queue: Queue, msg_id: int, data: bytes, completion: Any) -> None:
         self.arrivals.add(msg_id)
@@ -256,7 +256,7 @@ class TapLink(OutgoingLink, StatusReporter):
         super().__init__(link, feeder.tap, registry, browsing=False)
         self.cumulative = cumulative and not sync
         self._sent: deque[int] = deque()  # pre-settled, awaiting a cumulative acknowledgement
-        StatusReporter.__init__(self, link, driver)
+        StatusReporter.__init__(self, driver)
         link.properties = {EPOCH_PROPERTY: feeder.tap.uuid}
         self.mode = "enqueue"
         self.feeder = feeder
@@ -266,9 +266,6 @@ class TapLink(OutgoingLink, StatusReporter):
         self.backlog_at_attach = feeder.tap.next_id - 1
         log.info("replica attached", queue=feeder.source.name, mode="enqueue", replica=replica, sync=sync,
                  backlog=feeder.tap.depth)
-
-    def _spend_credit(self) -> None:
-        self.credit -= 1
 
     def deliver(self, queue: Queue, msg_id: int, data: bytes, delivery_count: int) -> None:
         if not self.cumulative:
