@@ -19,8 +19,8 @@ Control deliveries are pre-settled: tag ``d...`` is a batch of dequeued ids
 messages and seconds, overflow count) sent about once a second.
 
 Acknowledgement.  A replica announces ``hastandby.dr-ack`` and opens a
-second link on the same session, a sender to ``$dr.ack``: about every 20 ms
-it sends ``{"through": ID}``, meaning every delivery up to that source id is
+second link on the same session, a sender to ``$dr.ack``: at most every
+20 ms, when it has stored something new, it sends ``{"through": ID}``, meaning every delivery up to that source id is
 stored for good.  An asynchronous source then sends its messages
 pre-settled, sparing both nodes a disposition per message: in enqueue mode
 the backlog keeps them until acknowledged this way; in full mode the id set

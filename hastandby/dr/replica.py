@@ -159,7 +159,6 @@ class ReplicaLink:
         self._pending.clear()
         self._stored.clear()
         self._through = self._acked = 0
-        self._ack_timer = self.driver.schedule(ACK_INTERVAL, self._send_ack)
 
     def lost(self, reason: str) -> None:
         log.info("replication source lost", queue=self.queue_name, reason=reason)
@@ -265,13 +264,19 @@ class ReplicaLink:
             while pending and pending[0] in stored:
                 self._through = pending.popleft()
                 stored.discard(self._through)
+            if self._ack_timer is None:  # idle links run no timer
+                self._ack_timer = self.driver.schedule(ACK_INTERVAL, self._send_ack)
         else:
             self._stored.add(source_id)
 
     def _send_ack(self) -> None:
-        self._ack_timer = self.driver.schedule(ACK_INTERVAL, self._send_ack)
+        """At most one cumulative acknowledgement per ACK_INTERVAL, and only when there is news."""
+        self._ack_timer = None
         ack = self._ack_link
-        if ack is None or self._through <= self._acked or ack.credit <= 0:
+        if ack is None or self._through <= self._acked:
+            return
+        if ack.credit <= 0:  # the source has not granted more yet
+            self._ack_timer = self.driver.schedule(ACK_INTERVAL, self._send_ack)
             return
         self._acked = self._through
         delivery = ack.delivery(b"%d" % self._acked)
