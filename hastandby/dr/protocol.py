@@ -20,8 +20,8 @@ messages and seconds, overflow count) sent about once a second.
 
 Acknowledgement.  A replica announces ``hastandby.dr-ack`` and opens a
 second link on the same session, a sender to ``$dr.ack``: at most every
-20 ms, when it has stored something new, it sends ``{"through": ID}``, meaning every delivery up to that source id is
-stored for good.  An asynchronous source then sends its messages
+20 ms, when it has stored something new, it sends ``{"through": ID}``,
+meaning every delivery up to that source id is stored for good.  An asynchronous source then sends its messages
 pre-settled, sparing both nodes a disposition per message: in enqueue mode
 the backlog keeps them until acknowledged this way; in full mode the id set
 a reconnecting replica sends is what re-sends a lost one, and the
