@@ -324,8 +324,11 @@ def test_source_queue_deleted_and_recreated(node_factory):
     send(source.address, "q", numbered("old", 3))
     wait_bodies(replica.address, "q", ["old0", "old1", "old2"])
     hastandby("del", "queue", "q", "-b", source.address)
-    wait_for(lambda: "was deleted" in (replication(replica.address, "replicas", "q") or {}).get("error") or "",
-             20, "the replica to report the deleted source queue")
+    # The first refusal says "was deleted"; the retries that follow say "no such queue". Either
+    # names the condition and the queue, and which one a poll sees depends on the retry timing.
+    error = wait_for(lambda: (replication(replica.address, "replicas", "q") or {}).get("error"),
+                     20, "the replica to report the deleted source queue")
+    assert "amqp:not-found" in error and "'q'" in error, error
     hastandby("add", "queue", "q", "-b", source.address)
     send(source.address, "q", numbered("new", 2))
     wait_bodies(replica.address, "q", ["new0", "new1"])
