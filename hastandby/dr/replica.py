@@ -15,12 +15,13 @@ link.  Ids make delivery exactly-once at the replica:
   (a standalone source restarted, its ids begin again) and is kept with the
   configuration.  Local producers are refused so no other message takes ids.
 
-A message is acknowledged to the source only once the local queue has it
-for good: the enqueue carries a ``Completion`` which the replica's own HA
-guards (when this node is a cluster primary) hold until its backups have it.
-An unsettled delivery is then accepted; a pre-settled one (asynchronous
-enqueue mode) counts towards the cumulative acknowledgement sent on the ack
-link about every 20 ms: "stored every delivery up to source id N".
+Messages arrive in batches (browser/batching.py), and a batch is
+acknowledged to the source only once the local queue has all of it for good:
+its enqueues share one ``Completion``, which the replica's own HA guards
+(when this node is a cluster primary) hold until its backups have them.  An
+unsettled batch is then accepted; a pre-settled one (asynchronous links)
+counts towards the cumulative acknowledgement sent on the ack link about
+every 20 ms: "stored every message up to source id N".
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from hastandby.browser.idset import IdSet
 from hastandby.browser.protocol import (
     DEQUEUE_TAG,
     IDS_PROPERTY,
+    decode_batch,
     decode_control,
     decode_dequeues,
     encode_control,
@@ -67,7 +69,9 @@ from .protocol import (
 
 log = structlog.get_logger("hastandby.dr.replica")
 
-CREDIT_WINDOW = 5000  # messages in flight: covers a 50 ms WAN round trip at 100k msg/s
+CREDIT_WINDOW = 500
+"""Batches in flight (up to 1000 messages or 256 KiB each, browser/batching.py):
+a 50 ms WAN round trip at 100k msg/s is 5000 messages, tens of batches."""
 ACK_INTERVAL = 0.02  # seconds between cumulative acknowledgements
 
 
@@ -92,8 +96,9 @@ class ReplicaLink:
         self._queue: Queue | None = None  # the local queue, looked up once per link, not per message
         self._generation = 0  # which link a pending accept belongs to
         self._ack_link: Link | None = None
-        self._pending: deque[int] = deque()  # source ids received, in order, not yet stored for good
-        self._stored: set[int] = set()  # stored, but an earlier one is still pending
+        # The last source id of each batch received, in order, not yet stored for good.
+        self._pending: deque[int] = deque()
+        self._stored: set[int] = set()  # batches stored, but an earlier one is still pending
         self._through = 0  # every delivery up to this source id is stored
         self._acked = 0  # the last "through" sent to the source
         self._ack_timer: Any = None
@@ -226,26 +231,29 @@ class ReplicaLink:
                 queue.dequeue(msg_id, "replicated")
             lib.pn_delivery_settle(delivery)
         else:
-            self._enqueue(delivery, int(tag), data)
+            self._enqueue_batch(delivery, data)
 
-    def _enqueue(self, delivery: Any, source_id: int, data: bytes) -> None:
-        queue = self._queue
+    def _enqueue_batch(self, delivery: Any, data: bytes) -> None:
+        """Store a batch of source messages; one completion acknowledges them all."""
+        ids, payloads = decode_batch(data)
         if lib.pn_delivery_settled(delivery):  # pre-settled: acknowledged cumulatively
             lib.pn_delivery_settle(delivery)
             delivery = None
-        self._pending.append(source_id)
-        token = (self._generation, delivery, source_id)
-        if self.config.mode == "full":
-            msg_id = source_id
-        else:
-            msg_id = self.config.base + source_id
-            if msg_id < queue.next_id:  # re-sent after a lost acknowledgement: we have it already
+        last = ids[-1]
+        self._pending.append(last)
+        completion = Completion(self._accept, (self._generation, delivery, last))
+        queue, header_ttl = self._queue, sections.header_ttl
+        enqueue_mode = self.config.mode == "enqueue"
+        base = self.config.base if enqueue_mode else 0
+        stored = 0
+        for source_id, payload in zip(ids, payloads):
+            msg_id = base + source_id
+            if enqueue_mode and msg_id < queue.next_id:  # re-sent after a lost acknowledgement: we have it
                 self.duplicates += 1
-                self._accept(token)
-                return
-        completion = Completion(self._accept, token)
-        queue.enqueue(data, completion, sections.header_ttl(data), msg_id=msg_id)
-        self.received += 1
+                continue
+            queue.enqueue(payload, completion, header_ttl(payload), msg_id=msg_id)
+            stored += 1
+        self.received += stored
         completion.release()
 
     def _accept(self, token: tuple[int, Any, int]) -> None:

@@ -31,10 +31,11 @@ from hastandby.broker.completion import Completion
 from hastandby.broker.driver import Driver, Timer
 from hastandby.broker.errors import InvalidArgument, NotAllowed, NotFound
 from hastandby.broker.exchange import Binding
-from hastandby.broker.links import OutgoingLink, receive_whole, send_payload
+from hastandby.broker.links import receive_whole, send_payload
 from hastandby.broker.queue import Queue
 from hastandby.broker.registry import INTERNAL, REPLICATE, Node, Registry
 from hastandby.broker.values import plain
+from hastandby.browser.batching import BatchingLink
 from hastandby.browser.guard import QueueGuard
 from hastandby.browser.idset import IdSet
 from hastandby.browser.protocol import (
@@ -118,12 +119,12 @@ class Arrivals:
 class StatusReporter:
     """Sends a replica a status map about once a second, on a link's spare credit.
 
-    Mixed into the two source links, whose ``_impl`` is the raw link and whose
-    ``credit`` counts what they may still send.
+    Mixed into the two source links (batching links: ``_impl`` is the raw
+    link, and ``count_credit`` recounts what they may still send).
     """
 
     _impl: Any
-    credit: int
+    count_credit: Callable[[], None]
 
     def __init__(self, driver: Driver) -> None:
         self._driver = driver
@@ -139,7 +140,7 @@ class StatusReporter:
             self._seq += 1
             data = encode_control(self.status())
             lib.pn_delivery_settle(send_payload(impl, STATUS_TAG + b"%d" % self._seq, data))
-            self.credit -= 1
+            self.count_credit()
         self._timer = self._driver.schedule(STATUS_INTERVAL, self._report)
 
     def _stop_reports(self) -> None:
@@ -178,8 +179,8 @@ class FullSourceLink(ReplicatingSubscription, StatusReporter):
 
     def _acknowledged_id(self, msg_id: int) -> bool:
         if self.cumulative:
-            return not self._unacked or msg_id < self._unacked[0]
-        return msg_id not in self.in_flight
+            return not self.unacked or msg_id < self.unacked[0]
+        return msg_id not in self.unsettled
 
     def status(self) -> dict[str, Any]:
         queue = self.queue
@@ -248,14 +249,12 @@ class TapFeeder:
         self.source.remove_observer(self)
 
 
-class TapLink(OutgoingLink, StatusReporter):
-    """Enqueue mode: the replica consumes the tap; its accept removes a message from the backlog."""
+class TapLink(BatchingLink, StatusReporter):
+    """Enqueue mode: the replica consumes the tap; its acknowledgement removes messages from the backlog."""
 
     def __init__(self, link: Link, feeder: TapFeeder, registry: Registry, driver: Driver, sync: bool,
                  cumulative: bool, replica: str, forget: Any) -> None:
-        super().__init__(link, feeder.tap, registry, browsing=False)
-        self.cumulative = cumulative and not sync
-        self._sent: deque[int] = deque()  # pre-settled, awaiting a cumulative acknowledgement
+        super().__init__(link, feeder.tap, registry, driver, browsing=False, cumulative=cumulative and not sync)
         StatusReporter.__init__(self, driver)
         link.properties = {EPOCH_PROPERTY: feeder.tap.uuid}
         self.mode = "enqueue"
@@ -267,19 +266,11 @@ class TapLink(OutgoingLink, StatusReporter):
         log.info("replica attached", queue=feeder.source.name, mode="enqueue", replica=replica, sync=sync,
                  backlog=feeder.tap.depth)
 
-    def deliver(self, queue: Queue, msg_id: int, data: bytes, delivery_count: int) -> None:
-        if not self.cumulative:
-            super().deliver(queue, msg_id, data, delivery_count)
-            return
-        lib.pn_delivery_settle(send_payload(self._impl, b"%d" % msg_id, data))
-        self.credit -= 1
-        self._sent.append(msg_id)
-
-    def acknowledged(self, through: int) -> None:
-        """The replica stored every delivery up to ``through``: they leave the backlog."""
-        sent, tap = self._sent, self.queue
-        while sent and sent[0] <= through:
-            tap.acknowledge(sent.popleft())
+    def stored(self, ids: list[int]) -> None:
+        """The replica has these: they leave the backlog."""
+        acknowledge = self.queue.acknowledge
+        for msg_id in ids:
+            acknowledge(msg_id)
 
     def status(self) -> dict[str, Any]:
         feeder = self.feeder
@@ -304,10 +295,8 @@ class TapLink(OutgoingLink, StatusReporter):
         self.closed = True
         tap = self.queue
         tap.remove_consumer(self)
-        for msg_id in sorted(self.unsettled | set(self._sent)):
+        for msg_id in self.forget_sent():
             tap.release(msg_id, delivery_failed=False)
-        self.unsettled.clear()
-        self._sent.clear()
         condition = self.link.remote_condition
         if condition is not None and condition.name == STOPPED:
             self.forget(self.queue)

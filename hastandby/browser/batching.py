@@ -1,0 +1,146 @@
+"""An outgoing link that sends a queue's messages in batches: one delivery per pass of events.
+
+Replication links (hot-standby subscriptions, DR source links) carry every
+message of a queue to one peer that stores it and says so.  Sent a delivery
+each, a message cost the sender a delivery, a disposition back and a settle,
+and the Python call for each: with one backup a primary took producers at
+about 0.55 of a standalone node's rate.  Batched, those costs are paid once
+per batch, and a primary with one backup runs at about 0.7.
+
+The queue still hands over one message at a time (``deliver``); the batch is
+sent when full, or once the current pass of engine events is done
+(``Driver.after_events``), so a lone message waits for no timer.  Link credit
+counts batches; the queue sees credit in messages (``BATCH_MESSAGES`` per
+batch of link credit).
+
+A batch is acknowledged one of two ways, chosen per link:
+
+- settled by the peer (``accepted``): the whole batch is stored;
+- *cumulative*: sent pre-settled, and the peer reports "stored every message
+  up to id N" on another link (DR's ``$dr.ack``), which ``acknowledged`` takes.
+
+Either way ``stored(ids)`` tells the subclass which messages the peer holds.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from cproton import lib
+from proton import Link
+
+from hastandby.broker.driver import Driver
+from hastandby.broker.links import OutgoingLink, send_payload
+from hastandby.broker.queue import Queue
+from hastandby.broker.registry import Registry
+
+from .protocol import BATCH_TAG, encode_batch
+
+BATCH_MESSAGES = 1000
+"""At most this many messages per batch, and (below) about this many bytes:
+bounds what one link credit lets the sender put in flight."""
+BATCH_BYTES = 256 * 1024
+
+_pn_delivery_settled = lib.pn_delivery_settled
+_pn_delivery_remote_state = lib.pn_delivery_remote_state
+_pn_delivery_settle = lib.pn_delivery_settle
+_pn_link_credit = lib.pn_link_credit
+
+
+class BatchingLink(OutgoingLink):
+    """Sends what the queue delivers as batches and tracks which messages the peer has stored."""
+
+    def __init__(
+        self, link: Link, queue: Queue, registry: Registry, driver: Driver, browsing: bool, cumulative: bool
+    ) -> None:
+        super().__init__(link, queue, registry, browsing=browsing)
+        self.driver = driver
+        self.cumulative = cumulative
+        # ``unsettled`` (OutgoingLink) holds the ids of batches awaiting their
+        # accept; ``unacked`` those of pre-settled batches awaiting a cumulative
+        # acknowledgement, in id order.
+        self.unacked: deque[int] = deque()
+        # The ids of each unsettled batch by its C delivery (which hashes by
+        # address): an accept names its messages without decoding anything.
+        self._batches: dict[Any, list[int]] = {}
+        self.batch_ids: list[int] = []  # the batch being filled in this pass of events
+        self._batch_data: list[bytes] = []
+        self._batch_bytes = 0
+        self._batch_due = False  # a send of the batch is scheduled after this pass
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def deliver(self, queue: Queue, msg_id: int, data: bytes, delivery_count: int) -> None:
+        """Add a message to the batch; the producer's bytes go unchanged (replicas store them)."""
+        self.batch_ids.append(msg_id)
+        self._batch_data.append(data)
+        self._batch_bytes += len(data)
+        self.credit -= 1
+        if len(self.batch_ids) >= BATCH_MESSAGES or self._batch_bytes >= BATCH_BYTES:
+            self.send_batch()
+        elif not self._batch_due:
+            self._batch_due = True
+            self.driver.after_events(self._send_due_batch)
+
+    def _send_due_batch(self) -> None:
+        self._batch_due = False
+        self.send_batch()
+
+    def send_batch(self) -> None:
+        """Send the batch being filled, if any (before anything else goes on the link)."""
+        ids = self.batch_ids
+        if not ids or self.closed:
+            return
+        data = encode_batch(ids, self._batch_data)
+        self.batch_ids, self._batch_data, self._batch_bytes = [], [], 0
+        delivery = send_payload(self._impl, BATCH_TAG + b"%d" % ids[0], data)
+        if self.cumulative:
+            _pn_delivery_settle(delivery)
+            self.unacked.extend(ids)
+        else:
+            self._batches[delivery] = ids
+            self.unsettled.update(ids)
+        self.count_credit()
+
+    def count_credit(self) -> None:
+        """Messages the queue may still give us: whole batches the link has credit for."""
+        self.credit = _pn_link_credit(self._impl) * BATCH_MESSAGES - len(self.batch_ids)
+
+    def flow(self) -> None:
+        self.count_credit()
+        self.queue.dispatch()
+
+    # -- the peer's acknowledgements ----------------------------------------------------------
+
+    def on_delivery(self, delivery: Any) -> None:
+        """The peer settled a batch: it stored every message in it."""
+        if not _pn_delivery_settled(delivery) and not _pn_delivery_remote_state(delivery):
+            return
+        _pn_delivery_settle(delivery)
+        ids = self._batches.pop(delivery, None)
+        if ids is not None:
+            self.unsettled.difference_update(ids)
+            self.stored(ids)
+
+    def acknowledged(self, through: int) -> None:
+        """The peer stored every message up to ``through`` (a cumulative acknowledgement)."""
+        unacked = self.unacked
+        ids = []
+        while unacked and unacked[0] <= through:
+            ids.append(unacked.popleft())
+        if ids:
+            self.stored(ids)
+
+    def stored(self, ids: list[int]) -> None:
+        """The peer holds the messages ``ids`` (ascending) for good."""
+        raise NotImplementedError
+
+    def forget_sent(self) -> list[int]:
+        """The link is gone: the ids of every message given to it that the peer did not acknowledge."""
+        ids = sorted(self.unsettled.union(self.unacked, self.batch_ids))
+        self.unsettled.clear()
+        self.unacked.clear()
+        self._batches.clear()
+        self.batch_ids, self._batch_data, self._batch_bytes = [], [], 0
+        return ids
