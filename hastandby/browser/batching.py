@@ -25,7 +25,7 @@ Either way ``stored(ids)`` tells the subclass which messages the peer holds.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import Any, Sequence
 
 from cproton import lib
 from proton import Link
@@ -80,6 +80,28 @@ class BatchingLink(OutgoingLink):
         if len(self.batch_ids) >= BATCH_MESSAGES or self._batch_bytes >= BATCH_BYTES:
             self.send_batch()
         elif not self._batch_due:
+            self._batch_due = True
+            self.driver.after_events(self._send_due_batch)
+
+    def deliver_run(self, queue: Queue, ids: Sequence[int], payloads: list[bytes]) -> None:
+        """``deliver`` for a run of messages at once (a browse, Queue._dispatch_browser)."""
+        start, count = 0, len(ids)
+        while start < count:
+            stop = start + BATCH_MESSAGES - len(self.batch_ids)
+            chunk = payloads[start:stop]
+            size = sum(map(len, chunk))
+            if self._batch_bytes + size >= BATCH_BYTES:  # large messages: let deliver cut the batch
+                for msg_id, payload in zip(ids[start:stop], chunk):
+                    self.deliver(queue, msg_id, payload, 0)
+            else:
+                self.batch_ids.extend(ids[start:stop])
+                self._batch_data.extend(chunk)
+                self._batch_bytes += size
+                self.credit -= len(chunk)
+                if len(self.batch_ids) >= BATCH_MESSAGES:
+                    self.send_batch()
+            start = stop
+        if self.batch_ids and not self._batch_due:
             self._batch_due = True
             self.driver.after_events(self._send_due_batch)
 

@@ -20,7 +20,8 @@ unaccepted (Qpid's ReplicatingSubscription readiness rule).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from bisect import bisect_left
+from typing import Any, Callable, Sequence
 
 from cproton import lib
 from proton import Link
@@ -96,6 +97,17 @@ class ReplicatingSubscription(BatchingLink):
         if msg_id < self.first_id:
             self._old_in_flight += 1
         BatchingLink.deliver(self, queue, msg_id, data, delivery_count)
+
+    def deliver_run(self, queue: Queue, ids: Sequence[int], payloads: list[bytes | None]) -> None:
+        """A run of the queue, holes (removed messages) included: skip those and what the backup has."""
+        if ids[0] < self._skip_below or None in payloads:
+            for msg_id, payload in zip(ids, payloads):
+                if payload is not None:
+                    self.deliver(queue, msg_id, payload, 0)
+            return
+        if ids[0] < self.first_id:
+            self._old_in_flight += bisect_left(ids, self.first_id)
+        BatchingLink.deliver_run(self, queue, ids, payloads)  # type: ignore[arg-type]  # no holes here
 
     def flow(self) -> None:
         self.count_credit()
