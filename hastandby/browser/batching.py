@@ -24,6 +24,7 @@ Either way ``stored(ids)`` tells the subclass which messages the peer holds.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from typing import Any, Sequence
 
@@ -58,9 +59,10 @@ class BatchingLink(OutgoingLink):
         self.driver = driver
         self.cumulative = cumulative
         # ``unsettled`` (OutgoingLink) holds the ids of batches awaiting their
-        # accept; ``unacked`` those of pre-settled batches awaiting a cumulative
-        # acknowledgement, in id order.
-        self.unacked: deque[int] = deque()
+        # accept; ``unacked`` the pre-settled batches awaiting a cumulative
+        # acknowledgement, in id order, ``unacked_count`` the messages in them.
+        self.unacked: deque[list[int]] = deque()
+        self.unacked_count = 0
         # The ids of each unsettled batch by its C delivery (which hashes by
         # address): an accept names its messages without decoding anything.
         self._batches: dict[Any, list[int]] = {}
@@ -119,7 +121,8 @@ class BatchingLink(OutgoingLink):
         delivery = send_payload(self._impl, BATCH_TAG + b"%d" % ids[0], data)
         if self.cumulative:
             _pn_delivery_settle(delivery)
-            self.unacked.extend(ids)
+            self.unacked.append(ids)
+            self.unacked_count += len(ids)
         else:
             self._batches[delivery] = ids
             self.unsettled.update(ids)
@@ -148,10 +151,13 @@ class BatchingLink(OutgoingLink):
     def acknowledged(self, through: int) -> None:
         """The peer stored every message up to ``through`` (a cumulative acknowledgement)."""
         unacked = self.unacked
-        ids = []
-        while unacked and unacked[0] <= through:
-            ids.append(unacked.popleft())
-        if ids:
+        while unacked and unacked[0][0] <= through:
+            ids = unacked.popleft()
+            if ids[-1] > through:  # part of a batch (not what a replica sends, but allowed)
+                cut = bisect_right(ids, through)
+                ids, rest = ids[:cut], ids[cut:]
+                unacked.appendleft(rest)
+            self.unacked_count -= len(ids)
             self.stored(ids)
 
     def stored(self, ids: list[int]) -> None:
@@ -160,9 +166,10 @@ class BatchingLink(OutgoingLink):
 
     def forget_sent(self) -> list[int]:
         """The link is gone: the ids of every message given to it that the peer did not acknowledge."""
-        ids = sorted(self.unsettled.union(self.unacked, self.batch_ids))
+        ids = sorted(self.unsettled.union(self.batch_ids, *self.unacked))
         self.unsettled.clear()
         self.unacked.clear()
+        self.unacked_count = 0
         self._batches.clear()
         self.batch_ids, self._batch_data, self._batch_bytes = [], [], 0
         return ids

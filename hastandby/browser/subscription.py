@@ -134,7 +134,7 @@ class ReplicatingSubscription(BatchingLink):
     def stored(self, ids: list[int]) -> None:
         first = self.first_id
         if ids[0] < first:
-            self._old_in_flight -= sum(1 for msg_id in ids if msg_id < first)
+            self._old_in_flight -= bisect_left(ids, first)
         guard = self.guard
         if guard is not None:
             complete = guard.complete
@@ -158,7 +158,7 @@ class ReplicatingSubscription(BatchingLink):
         """Messages on the queue this backup has not acknowledged yet."""
         if self.closed:
             return 0
-        return len(self.unsettled) + len(self.unacked) + len(self.batch_ids) + self.queue.count_after(self)
+        return len(self.unsettled) + self.unacked_count + len(self.batch_ids) + self.queue.count_after(self)
 
     # -- QueueObserver: dequeues on the primary go to the backup in batches --------------
 

@@ -179,7 +179,7 @@ class FullSourceLink(ReplicatingSubscription, StatusReporter):
 
     def _acknowledged_id(self, msg_id: int) -> bool:
         if self.cumulative:
-            return not self.unacked or msg_id < self.unacked[0]
+            return not self.unacked or msg_id < self.unacked[0][0]
         return msg_id not in self.unsettled
 
     def status(self) -> dict[str, Any]:
@@ -263,14 +263,15 @@ class TapLink(BatchingLink, StatusReporter):
         self.forget = forget
         self.guard = QueueGuard(feeder.tap) if sync else None
         self.backlog_at_attach = feeder.tap.next_id - 1
+        # The tap's messages reach this link once per pass of events, as runs.
+        feeder.tap.defer_browse = driver.after_events
+        feeder.tap.defer_consumers = True
         log.info("replica attached", queue=feeder.source.name, mode="enqueue", replica=replica, sync=sync,
                  backlog=feeder.tap.depth)
 
     def stored(self, ids: list[int]) -> None:
         """The replica has these: they leave the backlog."""
-        acknowledge = self.queue.acknowledge
-        for msg_id in ids:
-            acknowledge(msg_id)
+        self.queue.acknowledge_many(ids)
 
     def status(self) -> dict[str, Any]:
         feeder = self.feeder

@@ -229,3 +229,92 @@ def test_observers_see_every_transition_and_may_hold_completion():
     q.release(1, delivery_failed=False)
     q.dequeue(1, "expired")
     assert recorder.events == [("enqueued", 1), ("acquired", 1), ("released", 1), ("acquired", 1), ("dequeued", 1, "expired")]
+
+
+class RunConsumer(FakeConsumer):
+    """Takes runs of messages (a batching replication link) and records each call."""
+
+    def __init__(self, credit: int = 0, browsing: bool = False, sees_acquired: bool = False) -> None:
+        super().__init__(credit, browsing, sees_acquired)
+        self.runs: list[list[int]] = []
+
+    def deliver_run(self, queue, ids, payloads):
+        self.runs.append(list(ids))
+        for msg_id, data in zip(ids, payloads):
+            if data is not None:
+                self.deliver(queue, msg_id, data, 0)
+
+
+class EventLog:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int]] = []
+
+    def enqueued(self, queue, msg_id, data, completion):
+        self.events.append(("enqueued", msg_id))
+
+    def acquired(self, queue, msg_id):
+        self.events.append(("acquired", msg_id))
+
+    def released(self, queue, msg_id):
+        self.events.append(("released", msg_id))
+
+    def dequeued(self, queue, msg_id, reason):
+        self.events.append((reason, msg_id))
+
+
+def test_lone_run_consumer_acquires_a_clean_run_in_one_call():
+    q = make()
+    recorder = EventLog()
+    q.add_observer(recorder)
+    for i in range(5):
+        q.enqueue(b"m%d" % i)
+    c = RunConsumer(credit=4)
+    q.add_consumer(c)
+    assert c.runs == [[1, 2, 3, 4]] and [m[0] for m in c.got] == [1, 2, 3, 4]
+    assert q.acquired_count == 4
+    assert [e for e in recorder.events if e[0] == "acquired"] == [("acquired", i) for i in (1, 2, 3, 4)]
+    # A released message makes a hole in the run: the per-message path takes over, in order.
+    q.release(2, delivery_failed=False)
+    c.credit = 5
+    q.dispatch()
+    assert [m[0] for m in c.got][4:] == [2, 5]
+
+
+def test_deferred_consumers_get_one_run_per_pass():
+    q = make()
+    passes: list = []
+    q.defer_browse, q.defer_consumers = passes.append, True
+    c = RunConsumer(credit=100)
+    q.add_consumer(c)
+    for i in range(3):
+        q.enqueue(b"m%d" % i)
+    assert c.got == [] and len(passes) == 1
+    passes.pop()()
+    assert c.runs == [[1, 2, 3]]
+
+
+def test_acknowledge_many_removes_a_stretch_and_tells_observers():
+    q = make()
+    recorder = EventLog()
+    q.add_observer(recorder)
+    for i in range(6):
+        q.enqueue(b"m%d" % i)
+    c = RunConsumer(credit=4)
+    q.add_consumer(c)
+    q.acknowledge_many([1, 2, 3])
+    assert q.ids() == [4, 5, 6] and q.depth == 3 and q.bytes == 6 and q.acquired_count == 1
+    assert [e for e in recorder.events if e[0] == "consumed"] == [("consumed", 1), ("consumed", 2), ("consumed", 3)]
+    assert q.stats["dequeued"] == 3
+
+
+def test_acknowledge_many_with_gaps_falls_back_to_one_by_one():
+    q = make()
+    for i in range(6):
+        q.enqueue(b"m%d" % i)
+    q.dequeue(3, "purged")
+    c = RunConsumer(credit=6)
+    q.add_consumer(c)
+    q.acknowledge_many([1, 2, 4, 5])
+    assert q.ids() == [6] and q.depth == 1 and q.acquired_count == 1
+    q.acknowledge_many([])
+    assert q.ids() == [6]
