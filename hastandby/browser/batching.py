@@ -5,10 +5,11 @@ message of a queue to one peer that stores it and says so.  Sent a delivery
 each, a message cost the sender a delivery, a disposition back and a settle,
 and the Python call for each: with one backup a primary took producers at
 about 0.55 of a standalone node's rate.  Batched, those costs are paid once
-per batch, and a primary with one backup runs at about 0.7.
+per batch, and a primary with one backup took them at 0.80-0.98 of
+standalone (``benchmarks.ha_throughput``, two runs of five rounds).
 
-The queue still hands over one message at a time (``deliver``); the batch is
-sent when full, or once the current pass of engine events is done
+The queue hands over a message (``deliver``) or a run of them
+(``deliver_run``); the batch is sent when full, or once the current pass of engine events is done
 (``Driver.after_events``), so a lone message waits for no timer.  Link credit
 counts batches; the queue sees credit in messages (``BATCH_MESSAGES`` per
 batch of link credit).
@@ -86,7 +87,9 @@ class BatchingLink(OutgoingLink):
             self.driver.after_events(self._send_due_batch)
 
     def deliver_run(self, queue: Queue, ids: Sequence[int], payloads: list[bytes]) -> None:
-        """``deliver`` for a run of messages at once (a browse, Queue._dispatch_browser)."""
+        """``deliver`` for a run of messages at once: the queue hands over a browse
+        (``Queue._dispatch_browser``) or a tap's new messages (``_dispatch_run``)
+        in one call, which took the per-message call off the DR source's bill."""
         start, count = 0, len(ids)
         while start < count:
             stop = start + BATCH_MESSAGES - len(self.batch_ids)
