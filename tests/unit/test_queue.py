@@ -245,26 +245,9 @@ class RunConsumer(FakeConsumer):
                 self.deliver(queue, msg_id, data, 0)
 
 
-class EventLog:
-    def __init__(self) -> None:
-        self.events: list[tuple[str, int]] = []
-
-    def enqueued(self, queue, msg_id, data, completion):
-        self.events.append(("enqueued", msg_id))
-
-    def acquired(self, queue, msg_id):
-        self.events.append(("acquired", msg_id))
-
-    def released(self, queue, msg_id):
-        self.events.append(("released", msg_id))
-
-    def dequeued(self, queue, msg_id, reason):
-        self.events.append((reason, msg_id))
-
-
 def test_lone_run_consumer_acquires_a_clean_run_in_one_call():
     q = make()
-    recorder = EventLog()
+    recorder = Recorder()
     q.add_observer(recorder)
     for i in range(5):
         q.enqueue(b"m%d" % i)
@@ -295,7 +278,7 @@ def test_deferred_consumers_get_one_run_per_pass():
 
 def test_acknowledge_many_removes_a_stretch_and_tells_observers():
     q = make()
-    recorder = EventLog()
+    recorder = Recorder()
     q.add_observer(recorder)
     for i in range(6):
         q.enqueue(b"m%d" % i)
@@ -303,7 +286,7 @@ def test_acknowledge_many_removes_a_stretch_and_tells_observers():
     q.add_consumer(c)
     q.acknowledge_many([1, 2, 3])
     assert q.ids() == [4, 5, 6] and q.depth == 3 and q.bytes == 6 and q.acquired_count == 1
-    assert [e for e in recorder.events if e[0] == "consumed"] == [("consumed", 1), ("consumed", 2), ("consumed", 3)]
+    assert [e for e in recorder.events if e[0] == "dequeued"] == [("dequeued", i, "consumed") for i in (1, 2, 3)]
     assert q.stats["dequeued"] == 3
 
 
