@@ -434,8 +434,16 @@ class Queue:
         return payload
 
     def _compact(self) -> None:
+        data, holes = self._data, self._holes
+        # New arrays, never edited in place: a loop holding the old ones sees the change.
+        if data[:holes].count(None) == holes:  # consumed in order: the holes are one prefix, cut in C
+            self._ids = self._ids[holes:]
+            self._data = data[holes:]
+            self._holes = 0
+            self._head = max(0, self._head - holes)
+            return
         head_id = self._ids[self._head] if self._head < len(self._ids) else None
-        keep = [i for i, payload in enumerate(self._data) if payload is not None]
+        keep = [i for i, payload in enumerate(data) if payload is not None]
         self._ids = array("q", (self._ids[i] for i in keep))
         self._data = [self._data[i] for i in keep]
         self._holes = 0

@@ -146,6 +146,24 @@ def test_browser_resumes_after_compaction():
     assert [m[0] for m in browser.got] == [1] + list(range(4000, 4010))
 
 
+def test_in_order_consumption_compacts_the_prefix_and_keeps_the_head():
+    q = make()
+    for _ in range(3000):
+        q.enqueue(b"x")
+    consumer = FakeConsumer(credit=2500)
+    q.add_consumer(consumer)
+    for msg_id in range(1, 2001):  # holes 1..2000 outnumber the 1000 left: compacted
+        q.acknowledge(msg_id)
+    assert q.ids() == list(range(2001, 3001)) and q.depth == 1000 and q.acquired_count == 500
+    consumer.credit = 10
+    q.dispatch()  # the acquired 2001..2500 are not given again
+    assert [m[0] for m in consumer.got][-10:] == list(range(2501, 2511))
+    q.release(2001, delivery_failed=False)
+    consumer.credit = 1
+    q.dispatch()
+    assert consumer.got[-1][0] == 2001
+
+
 def test_reject_policy_refuses_and_keeps_contents():
     q = make(max_count=2, policy="reject")
     q.enqueue(b"a")
