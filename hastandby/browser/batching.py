@@ -9,10 +9,13 @@ per batch, and a primary with one backup took them at 0.80-0.98 of
 standalone (``benchmarks.ha_throughput``, two runs of five rounds).
 
 The queue hands over a message (``deliver``) or a run of them
-(``deliver_run``); the batch is sent when full, or once the current pass of engine events is done
-(``Driver.after_events``), so a lone message waits for no timer.  Link credit
-counts batches; the queue sees credit in messages (``BATCH_MESSAGES`` per
-batch of link credit).
+(``deliver_run``).  The batch is sent when full, or else once the current
+pass of engine events is done (``Driver.after_events``), so a lone message
+waits for no timer; a link that may ``linger`` sends it up to that long
+after its first message instead (an asynchronous DR link: no producer waits
+for it, and fuller batches cost the source less).  Link credit counts
+batches; the queue sees credit in messages (``BATCH_MESSAGES`` per batch of
+link credit).
 
 A batch is acknowledged one of two ways, chosen per link:
 
@@ -54,11 +57,13 @@ class BatchingLink(OutgoingLink):
     """Sends what the queue delivers as batches and tracks which messages the peer has stored."""
 
     def __init__(
-        self, link: Link, queue: Queue, registry: Registry, driver: Driver, browsing: bool, cumulative: bool
+        self, link: Link, queue: Queue, registry: Registry, driver: Driver, browsing: bool, cumulative: bool,
+        linger: float = 0.0,
     ) -> None:
         super().__init__(link, queue, registry, browsing=browsing)
         self.driver = driver
         self.cumulative = cumulative
+        self.linger = linger
         # ``unsettled`` (OutgoingLink) holds the ids of batches awaiting their
         # accept; ``unacked`` the pre-settled batches awaiting a cumulative
         # acknowledgement, in id order, ``unacked_count`` the messages in them.
@@ -83,13 +88,16 @@ class BatchingLink(OutgoingLink):
         if len(self.batch_ids) >= BATCH_MESSAGES or self._batch_bytes >= BATCH_BYTES:
             self.send_batch()
         elif not self._batch_due:
-            self._batch_due = True
-            self.driver.after_events(self._send_due_batch)
+            self._send_later()
 
-    def deliver_run(self, queue: Queue, ids: Sequence[int], payloads: list[bytes]) -> None:
+    def deliver_run(self, queue: Queue, ids: Sequence[int], payloads: list[bytes | None]) -> None:
         """``deliver`` for a run of messages at once: the queue hands over a browse
-        (``Queue._dispatch_browser``) or a tap's new messages (``_dispatch_run``)
-        in one call, which took the per-message call off the DR source's bill."""
+        (``Queue._dispatch_browser``) in one call, which took the per-message
+        call off the DR source's bill.  A run with holes (removed messages) goes
+        message by message."""
+        if None in payloads:
+            self.deliver_each(queue, ids, payloads)
+            return
         start, count = 0, len(ids)
         while start < count:
             stop = start + BATCH_MESSAGES - len(self.batch_ids)
@@ -107,7 +115,20 @@ class BatchingLink(OutgoingLink):
                     self.send_batch()
             start = stop
         if self.batch_ids and not self._batch_due:
-            self._batch_due = True
+            self._send_later()
+
+    def deliver_each(self, queue: Queue, ids: Sequence[int], payloads: list[bytes | None]) -> None:
+        """The messages of a run one by one, holes left out."""
+        for msg_id, payload in zip(ids, payloads):
+            if payload is not None:
+                self.deliver(queue, msg_id, payload, 0)
+
+    def _send_later(self) -> None:
+        """Send the batch just started once this pass of events is done, or ``linger`` seconds from now."""
+        self._batch_due = True
+        if self.linger:
+            self.driver.schedule(self.linger, self._send_due_batch)
+        else:
             self.driver.after_events(self._send_due_batch)
 
     def _send_due_batch(self) -> None:

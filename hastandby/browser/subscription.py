@@ -51,8 +51,9 @@ class ReplicatingSubscription(BatchingLink):
         on_ready: Callable[["ReplicatingSubscription"], None],
         foreign_ids: bool = False,
         cumulative: bool = False,
+        linger: float = 0.0,
     ) -> None:
-        super().__init__(link, queue, registry, driver, browsing=True, cumulative=cumulative)
+        super().__init__(link, queue, registry, driver, browsing=True, cumulative=cumulative, linger=linger)
         self.sees_acquired = True
         self.on_ready = on_ready
         # Guard first, then read the queue: nothing can slip in between (QPID-4159).
@@ -101,13 +102,11 @@ class ReplicatingSubscription(BatchingLink):
     def deliver_run(self, queue: Queue, ids: Sequence[int], payloads: list[bytes | None]) -> None:
         """A run of the queue, holes (removed messages) included: skip those and what the backup has."""
         if ids[0] < self._skip_below or None in payloads:
-            for msg_id, payload in zip(ids, payloads):
-                if payload is not None:
-                    self.deliver(queue, msg_id, payload, 0)
+            self.deliver_each(queue, ids, payloads)
             return
         if ids[0] < self.first_id:
             self._old_in_flight += bisect_left(ids, self.first_id)
-        BatchingLink.deliver_run(self, queue, ids, payloads)  # type: ignore[arg-type]  # no holes here
+        BatchingLink.deliver_run(self, queue, ids, payloads)
 
     def flow(self) -> None:
         self.count_credit()

@@ -8,7 +8,7 @@ primary).  It claims the receiving links of connections marked
   status report; no producer is held back unless the replica asked for
   ``sync``, then a guard holds each producer's ``accepted`` until the replica
   has the message (Qpid's standalone replication behaved like that);
-- enqueue mode: a ``TapLink`` consuming the replication's *tap* queue.  A
+- enqueue mode: a ``TapLink`` browsing the replication's *tap* queue.  A
   ``TapFeeder`` copies every message enqueued on the source queue onto the tap,
   so what the replica has not acknowledged stays on the source through link
   outages and while local consumers take the original.  The tap is an
@@ -71,6 +71,11 @@ log = structlog.get_logger("hastandby.dr.source")
 STATUS_INTERVAL = 1.0  # seconds between status reports to a replica
 DEFAULT_MAX_BACKLOG = 1_000_000  # messages an enqueue-mode tap keeps when the replica gave no limit
 OVERFLOW_LOG_INTERVAL = 10.0  # seconds between overflow warnings while a tap keeps overflowing
+LINGER = 0.003
+"""Seconds an asynchronous link collects messages before it sends them (unless
+a batch fills first).  A batch per pass of events held about 50 messages at
+full load; lingering gives about 500 and takes per-batch work off the source,
+at the price of up to this much more lag."""
 
 
 def replica_info(connection: Connection) -> dict[str, Any] | None:
@@ -155,12 +160,15 @@ class FullSourceLink(ReplicatingSubscription, StatusReporter):
     def __init__(self, link: Link, queue: Queue, registry: Registry, driver: Driver, sync: bool,
                  cumulative: bool, replica_ids: IdSet, replica_epoch: str, replica: str) -> None:
         foreign = bool(replica_epoch) and replica_epoch != queue.uuid
-        # Asynchronous: sent pre-settled, acknowledged cumulatively.  A message lost
-        # with the link is not in the id set the replica sends on reconnect, so the
-        # catch-up sends it again.  --sync keeps per-message accepts: the replica
-        # acknowledges cumulatively only every 20 ms, too slow for a waiting producer.
+        # Asynchronous: sent pre-settled in lingering batches, acknowledged
+        # cumulatively.  A message lost with the link is not in the id set the
+        # replica sends on reconnect, so the catch-up sends it again.  --sync
+        # keeps per-batch accepts at once: the replica acknowledges cumulatively
+        # only every 20 ms, too slow for a waiting producer.
+        asynchronous = cumulative and not sync
         super().__init__(link, queue, registry, driver, QueueGuard(queue) if sync else None, replica_ids,
-                         on_ready=self._live, foreign_ids=foreign, cumulative=cumulative and not sync)
+                         on_ready=self._live, foreign_ids=foreign, cumulative=asynchronous,
+                         linger=LINGER if asynchronous else 0.0)
         StatusReporter.__init__(self, driver)
         link.properties = {EPOCH_PROPERTY: queue.uuid}
         self.mode = "full"
@@ -197,14 +205,23 @@ class FullSourceLink(ReplicatingSubscription, StatusReporter):
 
 
 class TapFeeder:
-    """Copies every message enqueued on a source queue onto one tap queue."""
+    """Copies every message enqueued on a source queue onto one tap queue.
 
-    def __init__(self, source: Queue, tap: Queue) -> None:
+    The copies go on the tap ``LINGER`` seconds after the first of them, as
+    a run (``Queue.enqueue_run``, the same bytes by reference), so the link
+    browsing the tap sends them as one batch.  When the tap has observers
+    (a ``--sync`` guard, HA guards in a cluster), which may hold the
+    producer's acknowledgement, each copy goes on at once with it instead.
+    """
+
+    def __init__(self, source: Queue, tap: Queue, driver: Driver) -> None:
         self.source = source
         self.tap = tap
         self.arrivals = Arrivals()
         self.overflow = tap.stats["ring_dropped"]
         self._warned_at = 0.0
+        self._driver = driver
+        self._pending: list[bytes] = []
         if tap.depth:  # inherited (restart, failover): its age counts from now
             self.arrivals.add(tap.next_id - 1)
         source.add_observer(self)
@@ -214,9 +231,29 @@ class TapFeeder:
         return self.tap.get(tap_id) is None
 
     def enqueued(self, queue: Queue, msg_id: int, data: bytes, completion: Completion | None) -> None:
+        if self.tap.observers and completion is not None:
+            self._feed()
+            self.arrivals.add(self.tap.enqueue(data, completion))
+            self._check_overflow()
+            return
+        pending = self._pending
+        pending.append(data)
+        if len(pending) == 1:
+            self._driver.schedule(LINGER, self._feed)
+
+    def _feed(self) -> None:
+        """What arrived since the last feed goes on the tap."""
+        pending = self._pending
+        if not pending:
+            return
+        self._pending = []
         tap = self.tap
-        tap_id = tap.enqueue(data, completion)
-        self.arrivals.add(tap_id)
+        self.arrivals.add(tap.next_id)
+        tap.enqueue_run(pending)
+        self._check_overflow()
+
+    def _check_overflow(self) -> None:
+        tap = self.tap
         dropped = tap.stats["ring_dropped"]
         if dropped != self.overflow:
             self.overflow = dropped
@@ -224,7 +261,7 @@ class TapFeeder:
             if now - self._warned_at >= OVERFLOW_LOG_INTERVAL:
                 self._warned_at = now
                 log.warning("replication backlog overflow: oldest unreplicated messages dropped",
-                            queue=queue.name, tap=tap.name, dropped_total=dropped,
+                            queue=self.source.name, tap=tap.name, dropped_total=dropped,
                             max_count=tap.settings.max_count, max_bytes=tap.settings.max_size)
 
     def acquired(self, queue: Queue, msg_id: int) -> None:
@@ -247,14 +284,22 @@ class TapFeeder:
 
     def close(self) -> None:
         self.source.remove_observer(self)
+        self._pending = []
 
 
 class TapLink(BatchingLink, StatusReporter):
-    """Enqueue mode: the replica consumes the tap; its acknowledgement removes messages from the backlog."""
+    """Enqueue mode: the link browses the tap; the replica's acknowledgement removes messages from the backlog.
+
+    Browsing, not acquiring: the tap is this link's alone, so a message it
+    sent needs no acquisition to track; what the replica has not
+    acknowledged stays on the tap, and the next link browses it again from
+    the start, in id order (the order the replica's duplicate check needs).
+    """
 
     def __init__(self, link: Link, feeder: TapFeeder, registry: Registry, driver: Driver, sync: bool,
                  cumulative: bool, replica: str, forget: Any) -> None:
-        super().__init__(link, feeder.tap, registry, driver, browsing=False, cumulative=cumulative and not sync)
+        super().__init__(link, feeder.tap, registry, driver, browsing=True, cumulative=cumulative and not sync)
+        self.sees_acquired = True  # an admin's consumer on the tap takes nothing from the replica
         StatusReporter.__init__(self, driver)
         link.properties = {EPOCH_PROPERTY: feeder.tap.uuid}
         self.mode = "enqueue"
@@ -263,9 +308,8 @@ class TapLink(BatchingLink, StatusReporter):
         self.forget = forget
         self.guard = QueueGuard(feeder.tap) if sync else None
         self.backlog_at_attach = feeder.tap.next_id - 1
-        # The tap's messages reach this link once per pass of events, as runs.
+        # Each run the feeder puts on the tap reaches this link in one dispatch.
         feeder.tap.defer_browse = driver.after_events
-        feeder.tap.defer_consumers = True
         log.info("replica attached", queue=feeder.source.name, mode="enqueue", replica=replica, sync=sync,
                  backlog=feeder.tap.depth)
 
@@ -290,14 +334,11 @@ class TapLink(BatchingLink, StatusReporter):
         self._stop_reports()
         if self.guard is not None:
             self.guard.cancel()
-        # Not OutgoingLink.close: what the replica had not accepted goes back
-        # unchanged, without a delivery-count bump: no application saw it, and
-        # the replica must store the producer's bytes.
+        # Not OutgoingLink.close: nothing was acquired, and what the replica
+        # had not acknowledged is still on the tap for the next link.
         self.closed = True
-        tap = self.queue
-        tap.remove_consumer(self)
-        for msg_id in self.forget_sent():
-            tap.release(msg_id, delivery_failed=False)
+        self.queue.remove_consumer(self)
+        self.forget_sent()
         condition = self.link.remote_condition
         if condition is not None and condition.name == STOPPED:
             self.forget(self.queue)
@@ -405,8 +446,8 @@ class DrSource:
 
     def _replace_stale_links(self, tap: Queue) -> None:
         """A replica reconnected before this node saw its old link go (a half-open
-        WAN connection): end the old link first, so what it held goes back on the tap
-        and is sent again in id order, the order the replica's duplicate check needs."""
+        WAN connection): end the old link and its connection, which would go on
+        sending the tap into a connection nobody reads."""
         for old in self.links:
             if isinstance(old, TapLink) and old.queue is tap and not old.closed:
                 log.info("replacing a stale replication link", tap=tap.name, replica=old.replica)
@@ -453,7 +494,7 @@ class DrSource:
         if source is None:  # its source is gone: so is the replication
             self.driver.schedule(0.0, lambda: self._forget(queue))
             return
-        self.feeders[queue.name] = TapFeeder(source, queue)
+        self.feeders[queue.name] = TapFeeder(source, queue, self.driver)
 
     def created(self, obj: Node) -> None:
         if isinstance(obj, Queue):

@@ -263,35 +263,42 @@ class RunConsumer(FakeConsumer):
                 self.deliver(queue, msg_id, data, 0)
 
 
-def test_lone_run_consumer_acquires_a_clean_run_in_one_call():
+def test_replicating_browser_takes_one_run_per_deferred_pass_and_runs_stop_at_its_credit():
+    q = make()
+    passes: list = []
+    q.defer_browse = passes.append
+    b = RunConsumer(credit=4, browsing=True, sees_acquired=True)
+    q.add_consumer(b)
+    for i in range(6):
+        q.enqueue(b"m%d" % i)
+    assert b.got == [] and len(passes) == 1
+    passes.pop()()
+    assert b.runs == [[1, 2, 3, 4]]
+    b.credit = 10
+    q.dispatch()
+    assert b.runs[1:] == [[5, 6]] and q.acquired_count == 0
+
+
+def test_enqueue_run_assigns_ids_in_one_step_and_tells_observers():
     q = make()
     recorder = Recorder()
     q.add_observer(recorder)
-    for i in range(5):
-        q.enqueue(b"m%d" % i)
-    c = RunConsumer(credit=4)
-    q.add_consumer(c)
-    assert c.runs == [[1, 2, 3, 4]] and [m[0] for m in c.got] == [1, 2, 3, 4]
-    assert q.acquired_count == 4
-    assert [e for e in recorder.events if e[0] == "acquired"] == [("acquired", i) for i in (1, 2, 3, 4)]
-    # A released message makes a hole in the run: the per-message path takes over, in order.
-    q.release(2, delivery_failed=False)
-    c.credit = 5
-    q.dispatch()
-    assert [m[0] for m in c.got][4:] == [2, 5]
+    q.enqueue(b"a")
+    q.enqueue_run([b"bb", b"ccc"])
+    assert q.messages() == [(1, b"a"), (2, b"bb"), (3, b"ccc")]
+    assert q.depth == 3 and q.bytes == 6 and q.next_id == 4 and q.stats["enqueued"] == 3
+    assert recorder.events == [("enqueued", 1), ("enqueued", 2), ("enqueued", 3)]
 
 
-def test_deferred_consumers_get_one_run_per_pass():
-    q = make()
-    passes: list = []
-    q.defer_browse, q.defer_consumers = passes.append, True
-    c = RunConsumer(credit=100)
-    q.add_consumer(c)
-    for i in range(3):
-        q.enqueue(b"m%d" % i)
-    assert c.got == [] and len(passes) == 1
-    passes.pop()()
-    assert c.runs == [[1, 2, 3]]
+def test_enqueue_run_past_a_ring_limit_drops_what_one_by_one_would():
+    runs, single = make(max_count=3, policy="ring"), make(max_count=3, policy="ring")
+    for q in (runs, single):
+        q.enqueue(b"old")
+    runs.enqueue_run([b"m%d" % i for i in range(4)])
+    for i in range(4):
+        single.enqueue(b"m%d" % i)
+    assert runs.messages() == single.messages() == [(3, b"m1"), (4, b"m2"), (5, b"m3")]
+    assert runs.stats["ring_dropped"] == single.stats["ring_dropped"] == 2
 
 
 def test_acknowledge_many_removes_a_stretch_and_tells_observers():
@@ -319,3 +326,12 @@ def test_acknowledge_many_with_gaps_falls_back_to_one_by_one():
     assert q.ids() == [6] and q.depth == 1 and q.acquired_count == 1
     q.acknowledge_many([])
     assert q.ids() == [6]
+
+
+def test_acknowledge_many_removes_a_browsed_stretch():
+    q = make()
+    b = RunConsumer(credit=10, browsing=True, sees_acquired=True)
+    q.add_consumer(b)
+    q.enqueue_run([b"m%d" % i for i in range(5)])
+    q.acknowledge_many([1, 2, 3])
+    assert q.ids() == [4, 5] and q.stats["dequeued"] == 3 and [m[0] for m in b.got] == [1, 2, 3, 4, 5]
