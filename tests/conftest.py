@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import pytest
 
 from tests.support.nodes import NodeProcess
+
+if TYPE_CHECKING:
+    from tests.support.cluster import HaCluster
 
 
 @pytest.fixture
@@ -31,7 +34,7 @@ def node(node_factory) -> NodeProcess:
 
 
 @pytest.fixture
-def cluster_factory(tmp_path) -> Iterator[Callable[..., "HaCluster"]]:
+def cluster_factory(tmp_path) -> Iterator[Callable[..., HaCluster]]:
     """Start hot-standby clusters (node 0 promoted unless promote=False); all stopped at teardown."""
     from tests.support.cluster import HaCluster
 

@@ -22,7 +22,7 @@ import pytest
 from hastandby.lifecycle.cluster import ClusterKeys
 from hastandby.lifecycle.coordinator import CoordinatorEvent, EtcdCoordinator
 from hastandby.lifecycle.decide import Campaign, decide
-from hastandby.lifecycle.states import Event, NodeStatus, State, next_status
+from hastandby.lifecycle.states import NodeStatus, State, next_status
 from tests.support.etcd import EtcdServer
 
 pytestmark = pytest.mark.etcd
