@@ -223,9 +223,12 @@ class Queue:
             (s.max_count is not None and self.depth + 1 > s.max_count)
             or (s.max_size is not None and self.bytes + size > s.max_size)
         ):
-            index = self._first_available(0)
+            # Below ``_head`` all is removed or acquired: no scan of the holes
+            # from 0 on every drop (that made a full ring's overflow quadratic).
+            index = self._first_available(self._head)
             if index is None:
                 return
+            self._head = index + 1  # set before the removal, which may compact
             self._remove(index, "ring")
             self.stats["ring_dropped"] += 1
 

@@ -185,6 +185,20 @@ def test_ring_policy_drops_oldest():
     assert q.stats["ring_dropped"] == 2
 
 
+def test_ring_skips_acquired_messages_and_drops_the_next_available():
+    q = make(max_count=3, policy="ring")
+    for i in range(3):
+        q.enqueue(b"m%d" % i)
+    consumer = FakeConsumer(credit=1)
+    q.add_consumer(consumer)  # acquires 1
+    for i in range(3, 6):
+        q.enqueue(b"m%d" % i)
+    assert q.ids() == [1, 5, 6] and q.stats["ring_dropped"] == 3
+    q.release(1, delivery_failed=False)  # available again: the oldest, dropped next
+    q.enqueue(b"m6")
+    assert q.ids() == [5, 6, 7]
+
+
 def test_ttl_expiry_removes_unacquired_and_skips_at_dispatch():
     q = make()
     q.enqueue(b"short", ttl_ms=10)
