@@ -1,4 +1,4 @@
-"""An outgoing link that sends a queue's messages in batches: one delivery per pass of events.
+"""An outgoing link that sends a queue's messages in batches, one delivery each.
 
 Replication links (hot-standby subscriptions, DR source links) carry every
 message of a queue to one peer that stores it and says so.  Sent a delivery
@@ -72,10 +72,10 @@ class BatchingLink(OutgoingLink):
         # The ids of each unsettled batch by its C delivery (which hashes by
         # address): an accept names its messages without decoding anything.
         self._batches: dict[Any, list[int]] = {}
-        self.batch_ids: list[int] = []  # the batch being filled in this pass of events
+        self.batch_ids: list[int] = []  # the batch being filled
         self._batch_data: list[bytes] = []
         self._batch_bytes = 0
-        self._batch_due = False  # a send of the batch is scheduled after this pass
+        self._batch_due = False  # a send of the batch is scheduled
 
     # -- sending ---------------------------------------------------------------------------
 

@@ -209,9 +209,11 @@ class TapFeeder:
 
     The copies go on the tap ``LINGER`` seconds after the first of them, as
     a run (``Queue.enqueue_run``, the same bytes by reference), so the link
-    browsing the tap sends them as one batch.  When the tap has observers
-    (a ``--sync`` guard, HA guards in a cluster), which may hold the
-    producer's acknowledgement, each copy goes on at once with it instead.
+    browsing the tap sends them as one batch.  A copy whose producer awaits
+    an acknowledgement goes on at once, with it, when the tap has guards (a
+    ``--sync`` link's) or may get some (it is replicated to HA backups: a
+    backup that attaches between a message and its copy must not count the
+    copy as already acknowledged).
     """
 
     def __init__(self, source: Queue, tap: Queue, driver: Driver) -> None:
@@ -222,6 +224,7 @@ class TapFeeder:
         self._warned_at = 0.0
         self._driver = driver
         self._pending: list[bytes] = []
+        self._replicated = tap.settings.replicate == "all"
         if tap.depth:  # inherited (restart, failover): its age counts from now
             self.arrivals.add(tap.next_id - 1)
         source.add_observer(self)
@@ -231,7 +234,7 @@ class TapFeeder:
         return self.tap.get(tap_id) is None
 
     def enqueued(self, queue: Queue, msg_id: int, data: bytes, completion: Completion | None) -> None:
-        if self.tap.observers and completion is not None:
+        if completion is not None and (self._replicated or self.tap.observers):
             self._feed()
             self.arrivals.add(self.tap.enqueue(data, completion))
             self._check_overflow()
@@ -283,17 +286,21 @@ class TapFeeder:
         )
 
     def close(self) -> None:
+        """Stop copying; what was collected still goes on the tap (the node may be stepping down, and its
+        backups' taps must match their queues)."""
         self.source.remove_observer(self)
-        self._pending = []
+        if not self.tap.deleted:
+            self._feed()
 
 
 class TapLink(BatchingLink, StatusReporter):
     """Enqueue mode: the link browses the tap; the replica's acknowledgement removes messages from the backlog.
 
-    Browsing, not acquiring: the tap is this link's alone, so a message it
-    sent needs no acquisition to track; what the replica has not
-    acknowledged stays on the tap, and the next link browses it again from
-    the start, in id order (the order the replica's duplicate check needs).
+    Browsing, not acquiring: nobody consumes a tap (HA subscriptions browse
+    it too), so a message this link sent needs no acquisition to track; what
+    the replica has not acknowledged stays on the tap, and the next link
+    browses it again from the start, in id order (the order the replica's
+    duplicate check needs).
     """
 
     def __init__(self, link: Link, feeder: TapFeeder, registry: Registry, driver: Driver, sync: bool,

@@ -77,10 +77,21 @@ def test_overflow_is_counted_and_the_newest_kept():
     assert fed.overflow == 2 and fed.overflowing
 
 
-def test_closed_feeder_copies_nothing_more():
+def test_a_replicated_tap_gets_each_acknowledged_copy_at_once():
+    """A backup may attach to the tap at any moment: a copy must not trail its message."""
+    source, tap, _, timers = feeder(replicate="all")
+    done: list[str] = []
+    completion = Completion(done.append, "producer")
+    source.enqueue(b"m", completion)
+    assert tap.ids() == [1] and timers.due == []
+    source.enqueue(b"pre-settled")  # no acknowledgement to protect: it may linger
+    assert tap.ids() == [1] and len(timers.due) == 1
+
+
+def test_close_puts_what_was_collected_on_the_tap_and_copies_nothing_more():
     source, tap, fed, timers = feeder()
     source.enqueue(b"m")
-    fed.close()
+    fed.close()  # e.g. the node steps down: its backups' taps must match their queues
     source.enqueue(b"n")
     timers.run()
-    assert tap.depth == 0 and source.depth == 2
+    assert tap.messages() == [(1, b"m")] and source.depth == 2
