@@ -16,13 +16,12 @@ import structlog
 from proton import Connection, Endpoint, Event, Session
 
 from hastandby.broker.driver import Driver, Timer
-from hastandby.broker.links import receive_whole
 from hastandby.broker.outbound import Address, Outbound
 from hastandby.broker.queue import Queue
 from hastandby.broker.registry import Registry
 from hastandby.wiring.reconcile import WiringReplica
 
-from .protocol import BACKUP_PROPERTY, WIRING_ADDRESS, decode_control
+from .protocol import BACKUP_PROPERTY, WIRING_ADDRESS, receive_control
 from .replicator import QueueReplicator
 
 log = structlog.get_logger("hastandby.backup")
@@ -38,12 +37,9 @@ class WiringReceiver:
         self.replication = replication
 
     def on_delivery(self, impl: Any) -> None:
-        received = receive_whole(impl)
-        if received is None:
-            return
-        delivery, data = received
-        delivery.settle()
-        self.replication.wiring_message(decode_control(data))
+        body = receive_control(impl)
+        if body is not None:
+            self.replication.wiring_message(body)
 
     def flow(self) -> None:
         pass

@@ -32,6 +32,7 @@ from typing import Any
 
 from proton import Message, symbol
 
+from hastandby.broker.links import receive_whole
 from hastandby.broker.values import plain
 
 from .idset import IdSet
@@ -107,3 +108,13 @@ def decode_control(data: bytes) -> dict[str, Any]:
     if not isinstance(message.body, dict):
         raise ValueError("a wiring message must be a map")
     return plain(message.body)
+
+
+def receive_control(impl: Any) -> dict[str, Any] | None:
+    """The map of a complete control delivery on a low-rate link (settled here); None while partial."""
+    received = receive_whole(impl)
+    if received is None:
+        return None
+    delivery, data = received
+    delivery.settle()
+    return decode_control(data)

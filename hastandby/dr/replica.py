@@ -242,7 +242,7 @@ class ReplicaLink:
         last = ids[-1]
         self._pending.append(last)
         completion = Completion(self._accept, (self._generation, delivery, last))
-        queue, header_ttl = self._queue, sections.header_ttl
+        queue, header_ttl, header_prefix = self._queue, sections.header_ttl, sections.HEADER_PREFIX
         enqueue_mode = self.config.mode == "enqueue"
         base = self.config.base if enqueue_mode else 0
         stored = 0
@@ -251,7 +251,8 @@ class ReplicaLink:
             if enqueue_mode and msg_id < queue.next_id:  # re-sent after a lost acknowledgement: we have it
                 self.duplicates += 1
                 continue
-            queue.enqueue(payload, completion, header_ttl(payload), msg_id=msg_id)
+            ttl = header_ttl(payload) if payload.startswith(header_prefix) else None
+            queue.enqueue(payload, completion, ttl, msg_id=msg_id)
             stored += 1
         self.received += stored
         completion.release()

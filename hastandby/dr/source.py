@@ -31,7 +31,7 @@ from hastandby.broker.completion import Completion
 from hastandby.broker.driver import Driver, Timer
 from hastandby.broker.errors import InvalidArgument, NotAllowed, NotFound
 from hastandby.broker.exchange import Binding
-from hastandby.broker.links import receive_whole, send_payload
+from hastandby.broker.links import send_payload
 from hastandby.broker.queue import Queue
 from hastandby.broker.registry import INTERNAL, REPLICATE, Node, Registry
 from hastandby.broker.values import plain
@@ -42,8 +42,8 @@ from hastandby.browser.protocol import (
     ADMIN_PROPERTY,
     BACKUP_PROPERTY,
     IDS_PROPERTY,
-    decode_control,
     encode_control,
+    receive_control,
 )
 from hastandby.browser.subscription import ReplicatingSubscription
 
@@ -363,14 +363,12 @@ class AckReceiver:
         self.link.flow(10)
 
     def on_delivery(self, impl: Any) -> None:
-        received = receive_whole(impl)
-        if received is None:
+        body = receive_control(impl)
+        if body is None:
             return
-        delivery, data = received
-        delivery.settle()
         endpoint = self.endpoint_for(self.link.connection)
         if endpoint is not None:
-            endpoint.acknowledged(int(decode_control(data).get("through", 0)))
+            endpoint.acknowledged(int(body.get("through", 0)))
 
     def flow(self) -> None:
         pass
