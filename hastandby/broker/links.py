@@ -9,14 +9,17 @@ lookup table.
 
 from __future__ import annotations
 
+from time import monotonic as _monotonic
 from typing import TYPE_CHECKING, Any, Callable
 
 from cproton import PN_ACCEPTED, PN_MODIFIED, PN_REJECTED, PN_RELEASED, ffi, lib
-from proton import Condition, Delivery, Link
+
+from proton import Condition, Connection, Delivery, Link
 
 from . import sections
 from .completion import Completion
 from .errors import BrokerError, InvalidArgument, NotFound
+from .fence import Fence
 from .queue import Queue
 
 if TYPE_CHECKING:
@@ -191,11 +194,13 @@ class IncomingLink:
         node: "Node | None",
         registry: "Registry",
         max_message_size: int,
-        may_acknowledge: Callable[[], bool],
+        fence: Fence,
+        on_fenced: Callable[[Connection], None],
         window: int = 1000,
     ) -> None:
         self.link = link
-        self.may_acknowledge = may_acknowledge
+        self.fence = fence
+        self.on_fenced = on_fenced
         self._impl = link._impl
         self.node = node  # None: anonymous relay, route on each message's 'to'
         self.registry = registry
@@ -217,6 +222,11 @@ class IncomingLink:
             return
         if self.max_message_size and size > self.max_message_size:
             self._too_big(delivery)
+            return
+        if _monotonic() > self.fence.until:
+            # Past the fence: take nothing (fence.py).  The transfer stays
+            # unsettled and the producer sends it again to the next primary.
+            self.on_fenced(self.link.connection)
             return
         data = take_payload(impl, size)
         credit = _pn_link_credit(impl)
@@ -255,7 +265,7 @@ class IncomingLink:
     def _accept(self, delivery: Any) -> None:
         if self.closed:
             return  # the link is gone; the sender will resend after failover
-        if not self.may_acknowledge():
+        if _monotonic() > self.fence.until:
             return  # fenced: no longer sure to be the only primary; left unsettled
         _pn_delivery_update(delivery, PN_ACCEPTED)
         _pn_delivery_settle(delivery)

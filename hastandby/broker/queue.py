@@ -8,6 +8,10 @@ million queued 100-byte messages cost little more than their bytes, and any id
 is found by bisection.  A removed message leaves a hole (``None``) that is
 compacted away once holes outnumber live messages.
 
+Ids are comparable across nodes only within one lineage (``lineage.py``):
+``Queue.lineage`` records which primary assigned which ids.  The core only
+keeps it; HA and DR set it and compare it.
+
 HA plugs in through ``observers`` (enqueued / acquired / released / dequeued)
 and through the ``Completion`` handed to ``enqueue``: an observer may hold a
 producer's acknowledgement back until it releases it.
@@ -25,6 +29,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from .completion import Completion
 from .errors import ResourceLimitExceeded
+from .lineage import Lineage
 
 
 class Consumer(Protocol):
@@ -79,6 +84,7 @@ class Queue:
         self.deleted = False
         self.ever_consumed = False
         self.next_id = 1
+        self.lineage: Lineage = ()
         self.depth = 0
         self.bytes = 0
         self.stats = {"enqueued": 0, "dequeued": 0, "expired": 0, "ring_dropped": 0, "rejected": 0}
@@ -483,6 +489,14 @@ class Queue:
                 self.stats["expired"] += 1
                 removed += 1
         return removed
+
+    def drop_from(self, first_id: int) -> int:
+        """Remove every message with an id of ``first_id`` or more (a replica's diverged tail); how many."""
+        start = bisect_left(self._ids, first_id)
+        doomed = [msg_id for msg_id, payload in zip(self._ids[start:], self._data[start:]) if payload is not None]
+        for msg_id in doomed:
+            self.dequeue(msg_id, "diverged")
+        return len(doomed)
 
     def purge(self) -> int:
         """Remove every available (not acquired) message."""

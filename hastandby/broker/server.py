@@ -11,8 +11,10 @@ Hooks for the layers above (the core knows nothing of HA):
   (a backup refuses clients).
 - ``attach_hooks``: each may claim an incoming attach before the default
   handling (HA's replicating subscriptions).
-- ``ack_gate() -> bool``: asked before a producer's message is settled
-  ``accepted`` (HA fencing: a primary unsure of its lease acknowledges nothing).
+- ``fence`` (``fence.py``): until when producers' messages may be taken and
+  acknowledged (HA fencing: a primary unsure of its lease takes and
+  acknowledges nothing), and ``fenced(connection)``, which ends a producer's
+  connection that sent past it.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from proton import (
 from .driver import Driver
 from .errors import BrokerError, InvalidArgument, ResourceLocked
 from .exchange import Exchange
+from .fence import Fence
 from .links import IncomingLink, OutgoingLink
 from .management import ADDRESS as MANAGEMENT_ADDRESS
 from .management import Management, ManagementLink
@@ -111,14 +114,17 @@ class BrokerHandler(Handler):
         self.container_id = "hastandby"
         self.driver: Driver = Driver(self)
         self.admission: Admission = lambda connection: None
-        self.ack_gate: Callable[[], bool] | None = None
+        self.fence = Fence()
+        self.fenced_refusal: Callable[[], Refusal] = lambda: Refusal(
+            Condition("amqp:connection:forced", "this node may not take messages now"))
         self.attach_hooks: list[AttachHook] = []
         self.connections: set[Connection] = set()
 
-    def may_acknowledge(self) -> bool:
-        """Whether producers may be told 'accepted' now (HA fencing sets ``ack_gate``)."""
-        gate = self.ack_gate
-        return gate is None or gate()
+    def fenced(self, connection: Connection) -> None:
+        """A producer sent past the fence: end its connection so that it goes to the next node."""
+        refusal = self.fenced_refusal()
+        log.warning("fenced: ending a producer's connection", reason=refusal.condition.description)
+        self.close_connection(connection, refusal)
 
     # -- containment ------------------------------------------------------------
 
@@ -284,7 +290,7 @@ class BrokerHandler(Handler):
         if address == MANAGEMENT_ADDRESS:
             return ManagementLink(link, self.management, self.max_message_size)
         node = self.registry.resolve(address) if address else None
-        return IncomingLink(link, node, self.registry, self.max_message_size, self.may_acknowledge)
+        return IncomingLink(link, node, self.registry, self.max_message_size, self.fence, self.fenced)
 
     def _attach_outgoing(self, link: Link) -> OutgoingLink:
         source = link.remote_source

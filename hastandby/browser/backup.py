@@ -21,7 +21,7 @@ from hastandby.broker.queue import Queue
 from hastandby.broker.registry import Registry
 from hastandby.wiring.reconcile import WiringReplica
 
-from .protocol import BACKUP_PROPERTY, WIRING_ADDRESS, receive_control
+from .protocol import BACKUP_PROPERTY, LINEAGE_PROPERTY, WIRING_ADDRESS, receive_control
 from .replicator import QueueReplicator
 
 log = structlog.get_logger("hastandby.backup")
@@ -138,6 +138,20 @@ class BackupReplication:
             link.close()
         if link.name == "qpid.ha-wiring":
             self.resync("wiring link closed by the primary")
+
+    def on_link_remote_open(self, event: Event) -> None:
+        """A replicating browser's attach reply carries the primary's lineage: adopt it before any message."""
+        link = event.link
+        reply = link.remote_properties or {}
+        if LINEAGE_PROPERTY not in reply:
+            return  # the wiring link, or a refusal (its close follows)
+        replicator = next((r for r in self.replicators.values() if r.link == link), None)
+        if replicator is None:
+            return
+        try:
+            replicator.adopt(reply[LINEAGE_PROPERTY])
+        except ValueError as error:
+            self.resync(f"the primary sent a bad lineage for {replicator.queue.name!r}: {error}")
 
     def on_session_remote_open(self, event: Event) -> None:
         pass

@@ -149,6 +149,17 @@ class IdSet:
         runs = ", ".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in self.ranges())
         return f"IdSet({runs})"
 
+    def below(self, limit: int | None) -> "IdSet":
+        """The ids smaller than ``limit`` (all of them for None): what a lineage check still trusts."""
+        result = IdSet()
+        if limit is None:
+            result._bounds = self._bounds[:]
+            return result
+        bounds = self._bounds
+        index = bisect_left(bounds, limit)
+        result._bounds = bounds[:index] + ([limit] if index % 2 else [])
+        return result
+
     # -- set algebra ----------------------------------------------------------
 
     def __or__(self, other: "IdSet") -> "IdSet":

@@ -7,10 +7,22 @@ replicated queue for every known backup from birth, and keeps the
 membership every backup is told about.
 
 After a failover the new primary *expects* the backups that were ready
-before: it guards every replicated queue for them before admitting clients,
-so nothing a producer is told ``accepted`` can be missing from them, and it
-stays ``recovering`` until they are back and ready, or ``backup_timeout``
-passes for one that does not reconnect.
+before (with etcd: the live members of the sync set it won with): it guards
+every replicated queue for them before admitting clients, so nothing a
+producer is told ``accepted`` can be missing from them, and it stays
+``recovering`` until they are back and ready, or ``backup_timeout`` passes
+for one that does not reconnect.
+
+With etcd the primary also keeps the *sync set* (``lifecycle/cluster.py``):
+the backups that hold every acknowledged message, the only ones that may be
+elected.  ``sync_wanted`` is what it should be: this node, the expected
+backups and the ready ones.  A backup in it that goes away (its connection
+drops, or an expected one never comes) is *leaving*: its guards keep holding
+producers' acknowledgements until etcd confirms the sync set without it
+(``sync_confirmed``); only then may the primary acknowledge without it.
+Otherwise a backup cut off from the primary but not from etcd would stay
+electable while lacking what was acknowledged meanwhile.  Without etcd
+(manual promotion) a departed backup's guards are released at once, as in Qpid.
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ from cproton import lib
 from proton import Connection, Link
 
 from hastandby.broker.driver import Driver, Timer
+from hastandby.broker import lineage
 from hastandby.broker.errors import InvalidArgument, NotFound
 from hastandby.broker.exchange import Binding
 from hastandby.broker.links import send_payload
@@ -35,6 +48,7 @@ from .idset import IdSet
 from .protocol import (
     BACKUP_PROPERTY,
     IDS_PROPERTY,
+    LINEAGE_PROPERTY,
     REPLICATE_PROPERTY,
     TERM_PROPERTY,
     WIRING_ADDRESS,
@@ -105,30 +119,34 @@ class RemoteBackup:
         self.state = "catchup"
         self.connected = False
         self.wiring: WiringLink | None = None
+        # One guard per replicated queue, for as long as this backup is known:
+        # made at queue creation, at promotion or at subscribe, and kept across
+        # its browsers (a browser that re-attaches must not release what it held).
         self.guards: dict[str, QueueGuard] = {}
         self.catchup: set[str] = set()
         self.subscriptions: dict[str, ReplicatingSubscription] = {}
-        self.timer: Timer | None = None
 
-    def guard(self, queue: Queue) -> None:
-        """Hold this queue's new messages for this backup, before it subscribes."""
-        if queue.name not in self.guards:
-            self.guards[queue.name] = QueueGuard(queue)
-
-    def take_guard(self, queue: Queue) -> QueueGuard | None:
-        guard = self.guards.pop(queue.name, None)
-        if guard is not None and guard.queue is not queue:
-            guard.cancel()
-            return None
+    def guard(self, queue: Queue) -> QueueGuard:
+        """This backup's guard on ``queue``, made now if there is none (or only one of a deleted namesake)."""
+        guard = self.guards.get(queue.name)
+        if guard is None or guard.queue is not queue:
+            if guard is not None:
+                guard.cancel()
+            guard = self.guards[queue.name] = QueueGuard(queue)
         return guard
 
-    def cancel(self) -> None:
-        for guard in self.guards.values():
-            guard.cancel()
-        self.guards.clear()
+    def close_subscriptions(self) -> None:
+        """Its connection is gone: stop its browsers, keep holding what its guards hold."""
         for subscription in list(self.subscriptions.values()):
             subscription.close()
         self.subscriptions.clear()
+
+    def cancel(self) -> None:
+        """Forget this backup: its guards release everything they hold."""
+        self.close_subscriptions()
+        for guard in self.guards.values():
+            guard.cancel()
+        self.guards.clear()
 
     def describe(self) -> dict[str, Any]:
         # ``expected`` tells a backup in catch-up whether it may stay ``backup``
@@ -152,6 +170,7 @@ class PrimaryReplication:
         backup_timeout: float,
         on_expected_done: Callable[[bool], None],
         on_members: Callable[[], None] = lambda: None,
+        keeps_sync_set: bool = False,
     ) -> None:
         self.registry = registry
         self.driver = driver
@@ -160,18 +179,28 @@ class PrimaryReplication:
         self.backup_timeout = backup_timeout
         self.on_expected_done = on_expected_done
         self.on_members = on_members
+        self.keeps_sync_set = keeps_sync_set
         self.backups: dict[str, RemoteBackup] = {}
+        self.leaving: dict[str, RemoteBackup] = {}  # out of sync_wanted, holding until etcd confirms
+        self.sync_wanted: frozenset[str] = frozenset()  # rebound whole: the election thread reads it
         self._timeout_timer: Timer | None = None
         self.recovering = bool(expected)
+        for queue in self._replicated_queues():
+            self._claim(queue)
         for node_id, url in expected.items():
             backup = RemoteBackup(node_id, url, expected=True)
             for queue in self._replicated_queues():
                 backup.guard(queue)
             self.backups[node_id] = backup
+        self._update_sync_wanted()
         registry.observers.append(self)
         if expected:
             self._timeout_timer = driver.schedule(backup_timeout, self._timeout_expected)
             log.info("guarding for expected backups", backups=sorted(expected), timeout=backup_timeout)
+
+    def _claim(self, queue: Queue) -> None:
+        """Ids this primary gives out from now on are of its epoch (``broker/lineage.py``)."""
+        queue.lineage = lineage.extended(queue.lineage, lineage.Epoch(self.term, self.me["node_id"], queue.next_id))
 
     def _replicated_queues(self) -> list[Queue]:
         return [q for q in self.registry.queues.values() if q.settings.replicate == "all"]
@@ -182,12 +211,13 @@ class PrimaryReplication:
             self._timeout_timer.cancel()
         if self in self.registry.observers:
             self.registry.observers.remove(self)
-        for backup in self.backups.values():
+        for backup in [*self.backups.values(), *self.leaving.values()]:
             backup.cancel()
             if backup.wiring is not None:
                 backup.wiring.closed = True
                 backup.wiring.link.connection.close()
         self.backups.clear()
+        self.leaving.clear()
 
     # -- membership -------------------------------------------------------------------
 
@@ -199,11 +229,48 @@ class PrimaryReplication:
                 "replicate_default": self.registry.default_replicate, "members": self.members()}
 
     def _broadcast_members(self) -> None:
+        self._update_sync_wanted()
         body = {"type": "members", "term": self.term, "members": self.members()}
         for backup in self.backups.values():
             if backup.wiring is not None:
                 backup.wiring.send(body)
         self.on_members()
+
+    # -- the sync set ---------------------------------------------------------------------
+
+    def _update_sync_wanted(self) -> None:
+        """This node, the expected backups and the ready ones: those that hold everything acknowledged."""
+        wanted = frozenset({str(self.me["node_id"])}) | {
+            b.node_id for b in self.backups.values() if b.expected or b.state == "ready"}
+        if wanted != self.sync_wanted:
+            self.sync_wanted = wanted
+
+    def _depart(self, backup: RemoteBackup) -> None:
+        """``backup`` is gone (disconnected, or an expected one that never came).
+
+        If it may be in the sync set, its guards hold on until etcd has the
+        set without it; otherwise they release now.
+        """
+        if self.backups.get(backup.node_id) is backup:
+            del self.backups[backup.node_id]
+        if self.keeps_sync_set and backup.node_id in self.sync_wanted:
+            backup.close_subscriptions()
+            previous = self.leaving.pop(backup.node_id, None)
+            if previous is not None:  # an older departure: this one caught up past it since
+                previous.cancel()
+            self.leaving[backup.node_id] = backup
+            log.info("backup leaving the sync set: holding its messages until etcd confirms",
+                     backup=backup.node_id)
+        else:
+            backup.cancel()
+
+    def sync_confirmed(self, members: frozenset[str]) -> None:
+        """etcd holds ``members`` as the sync set: leaving backups outside it let go."""
+        for node_id, backup in list(self.leaving.items()):
+            if node_id not in members:
+                del self.leaving[node_id]
+                backup.cancel()
+                log.info("backup out of the sync set: no longer waiting for it", backup=node_id)
 
     # -- links from backups -------------------------------------------------------------
 
@@ -287,12 +354,24 @@ class PrimaryReplication:
             backup_ids = IdSet.from_wire([int(x) for x in properties.get(str(IDS_PROPERTY), [])])
         except (TypeError, ValueError) as error:
             raise InvalidArgument(f"bad {IDS_PROPERTY}: {error}") from None
+        try:
+            backup_lineage = lineage.from_wire(properties.get(str(LINEAGE_PROPERTY)))
+        except ValueError as error:
+            raise InvalidArgument(f"bad {LINEAGE_PROPERTY}: {error}") from None
         old = backup.subscriptions.pop(name, None)
         if old is not None:
-            old.close()
+            old.close()  # its guard is the backup's, and holds on for the new browser
+        # The backup drops its copy from this point on when it reads our lineage.
+        point = lineage.divergence(backup_lineage, queue.lineage)
+        link.properties = {LINEAGE_PROPERTY: lineage.to_wire(queue.lineage)}
+        replaced = len(backup_ids) - len(backup_ids.below(point))
+        if replaced:
+            log.info("backup holds messages of another lineage: they are replaced", backup=backup.node_id,
+                     queue=name, from_id=point, messages=replaced, backup_lineage=lineage.describe(backup_lineage),
+                     lineage=lineage.describe(queue.lineage))
         subscription = ReplicatingSubscription(
-            link, queue, self.registry, self.driver, backup.take_guard(queue) or QueueGuard(queue), backup_ids,
-            on_ready=lambda sub: self._queue_ready(backup, sub),
+            link, queue, self.registry, self.driver, backup.guard(queue), backup_ids,
+            on_ready=lambda sub: self._queue_ready(backup, sub), trusted_below=point, owns_guard=False,
         )
         backup.subscriptions[name] = subscription
         return subscription
@@ -315,10 +394,8 @@ class PrimaryReplication:
             return
         backup.wiring = None
         backup.connected = False
-        backup.cancel()
-        if self.backups.get(backup.node_id) is backup:
-            del self.backups[backup.node_id]
         log.info("backup disconnected", backup=backup.node_id)
+        self._depart(backup)
         self._broadcast_members()
         self._check_expected()
 
@@ -337,8 +414,8 @@ class PrimaryReplication:
         for backup in list(self.backups.values()):
             if backup.expected and not backup.connected:
                 log.warning("expected backup did not reconnect in time", backup=backup.node_id)
-                backup.cancel()
-                del self.backups[backup.node_id]
+                self._depart(backup)
+        self._broadcast_members()
         if self.recovering and not any(b.expected and b.state != "ready" for b in self.backups.values()):
             self._finish_recovery(timed_out=True)
 
@@ -353,6 +430,7 @@ class PrimaryReplication:
 
     def created(self, obj: Node) -> None:
         if isinstance(obj, Queue) and obj.settings.replicate == "all":
+            self._claim(obj)
             for backup in self.backups.values():
                 backup.guard(obj)
 
@@ -377,8 +455,8 @@ class PrimaryReplication:
         """Per replicated queue and backup: messages not yet acknowledged by that backup."""
         result: dict[str, dict[str, int]] = {}
         for backup in self.backups.values():
-            for name, subscription in backup.subscriptions.items():
-                result.setdefault(name, {})[backup.node_id] = subscription.lag
             for name, guard in backup.guards.items():
-                result.setdefault(name, {})[backup.node_id] = guard.queue.depth
+                subscription = backup.subscriptions.get(name)
+                lag = subscription.lag if subscription is not None else guard.queue.depth
+                result.setdefault(name, {})[backup.node_id] = lag
         return result

@@ -8,7 +8,11 @@ One connection per backup, marked with the connection property
   then wiring events and ``members`` updates, in order;
 - one *replicating browser* per replicated queue: a receiver on the queue in
   ``copy`` mode whose link properties say ``qpid.ha-replicate`` and carry the
-  id set the backup already holds (``qpid.ha-ids``) and the term it expects.
+  id set the backup already holds (``qpid.ha-ids``), the lineage of its copy
+  (``qpid.ha-lineage``, ``broker/lineage.py``) and the term it expects.  The
+  primary answers with its own lineage in its attach: both sides then know
+  the divergence point below which ids name the same messages, and the
+  backup drops its copy's tail from there before the first batch arrives.
 
 On a replicating browser messages travel in *batches*: every message the
 primary's queue gave the browser during one pass of engine events goes in one
@@ -42,6 +46,7 @@ ADMIN_PROPERTY = symbol("qpid.ha-admin")
 REPLICATE_PROPERTY = symbol("qpid.ha-replicate")
 IDS_PROPERTY = symbol("qpid.ha-ids")
 TERM_PROPERTY = symbol("qpid.ha-term")
+LINEAGE_PROPERTY = symbol("qpid.ha-lineage")
 WIRING_ADDRESS = "$ha.wiring"
 DEQUEUE_TAG = b"d"
 BATCH_TAG = b"b"

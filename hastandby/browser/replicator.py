@@ -1,7 +1,10 @@
 """Backup side of a replicating browser: one per replicated queue.
 
 A receiver on the primary's queue in ``copy`` mode, carrying the ids the
-replica already holds.  Each delivery is a batch of messages (protocol.py);
+replica already holds and its lineage.  The primary's attach reply carries
+the primary's lineage: before any message arrives, the replica drops what it
+holds from the divergence point on (ids assigned under an epoch the primary
+does not share) and adopts the primary's lineage.  Each delivery is a batch of messages (protocol.py);
 each message lands on the replica under its replication id (a duplicate id
 is dropped by the queue), then the batch is settled ``accepted``: the
 primary's guard for this backup releases its messages.  A control delivery
@@ -15,7 +18,9 @@ from typing import Any
 from cproton import PN_ACCEPTED, lib
 from proton import Link, Session, Terminus
 
-from hastandby.broker import sections
+import structlog
+
+from hastandby.broker import lineage, sections
 from hastandby.broker.links import delivery_tag, take_payload
 from hastandby.broker.queue import Queue
 
@@ -23,6 +28,7 @@ from .idset import IdSet
 from .protocol import (
     DEQUEUE_TAG,
     IDS_PROPERTY,
+    LINEAGE_PROPERTY,
     REPLICATE_PROPERTY,
     TERM_PROPERTY,
     decode_batch,
@@ -37,6 +43,8 @@ _pn_delivery_settled = lib.pn_delivery_settled
 _pn_delivery_update = lib.pn_delivery_update
 _pn_delivery_settle = lib.pn_delivery_settle
 
+log = structlog.get_logger("hastandby.backup")
+
 CREDIT_WINDOW = 200
 """Deliveries the primary may have in flight to this backup: batches of up to
 1000 messages (subscription.BATCH_MESSAGES).  While every batch waits a round
@@ -49,6 +57,7 @@ class QueueReplicator:
 
     def __init__(self, queue: Queue) -> None:
         self.queue = queue
+        self.offered: lineage.Lineage = queue.lineage  # what this link's attach said the replica holds
         self.link: Link | None = None
         self._impl: Any = None
         self._unflowed = 0  # deliveries taken since credit was last topped up
@@ -62,9 +71,11 @@ class QueueReplicator:
         link.source.address = self.queue.name
         link.source.distribution_mode = Terminus.DIST_MODE_COPY
         link.target.address = self.queue.name
+        self.offered = self.queue.lineage
         link.properties = {
             REPLICATE_PROPERTY: True,
             IDS_PROPERTY: IdSet.from_ids(self.queue.ids()).to_wire(),
+            LINEAGE_PROPERTY: lineage.to_wire(self.offered),
             TERM_PROPERTY: term,
         }
         self.link = link
@@ -72,6 +83,23 @@ class QueueReplicator:
         link.open()
         lib.pn_link_flow(self._impl, CREDIT_WINDOW)
         return link
+
+    def adopt(self, primary_lineage: Any) -> None:
+        """The primary's attach reply: drop the replica's diverged tail, take the primary's lineage.
+
+        Runs before the link's first delivery.  The primary computed the same
+        divergence point from what ``attach`` offered, and trusts only ids below it.
+        """
+        theirs = lineage.from_wire(primary_lineage)
+        queue = self.queue
+        point = lineage.divergence(self.offered, theirs)
+        if point is not None:
+            dropped = queue.drop_from(point)
+            if dropped:
+                log.warning("replica diverged from the primary: dropped messages assigned under another lineage",
+                            queue=queue.name, from_id=point, dropped=dropped,
+                            replica_lineage=lineage.describe(self.offered), primary_lineage=lineage.describe(theirs))
+        queue.lineage = theirs
 
     def on_delivery(self, delivery: Any) -> None:
         """Hot path: one call per batch of messages, as few calls per message as it takes."""

@@ -4,10 +4,14 @@ It is a browser that also sees acquired-but-unacknowledged messages (so an
 in-flight delivery survives failover, Qpid's test_backup_acquired), does not
 count as a consumer, and on attach runs the catch-up handshake:
 
-- the backup sent the ids it holds; ids the primary no longer has go back at
-  once as a dequeue batch (``backup - primary``);
-- ids both hold are skipped when the browse reaches them (``backup & primary``),
-  so a backup re-attaching after failover downloads only what it lacks.
+- the backup sent the ids it holds and its queue's lineage (``lineage.py``);
+  ids only mean the same message below the point where its lineage and the
+  primary's diverge, and the backup drops everything from that point on
+  itself when it sees the primary's lineage in the attach reply;
+- below it, ids the primary no longer has go back at once as a dequeue
+  batch (``backup - primary``), and ids both hold are skipped when the browse
+  reaches them (``backup & primary``), so a backup re-attaching after
+  failover downloads only what it lacks.
 
 Messages go in batches (batching.py).  The guard (pre-made by the primary
 for expected backups and new queues; none for asynchronous DR replication)
@@ -49,7 +53,8 @@ class ReplicatingSubscription(BatchingLink):
         guard: QueueGuard | None,
         backup_ids: IdSet,
         on_ready: Callable[["ReplicatingSubscription"], None],
-        foreign_ids: bool = False,
+        trusted_below: int | None = None,
+        owns_guard: bool = True,
         cumulative: bool = False,
         linger: float = 0.0,
     ) -> None:
@@ -59,16 +64,16 @@ class ReplicatingSubscription(BatchingLink):
         # Guard first, then read the queue: nothing can slip in between (QPID-4159).
         # Without a guard (asynchronous DR replication) producers are not held.
         self.guard = guard
+        self.owns_guard = owns_guard  # else the guard outlives this link (HA: its RemoteBackup's)
         self.first_id = guard.first_id if guard is not None else queue.next_id
         queue.add_observer(self)
         queue.defer_browse = driver.after_events  # new messages go to backups once per pass of events
-        if foreign_ids:  # the ids name another incarnation's messages: replace them all
-            self.skip = IdSet()
-            self.pending_dequeues = backup_ids
-        else:
-            primary_ids = IdSet.from_ids(queue.ids())
-            self.skip = backup_ids & primary_ids
-            self.pending_dequeues = backup_ids - primary_ids
+        # The backup drops its ids from ``trusted_below`` on (lineage.divergence)
+        # before our first batch reaches it: only ids below it name our messages.
+        backup_ids = backup_ids.below(trusted_below)
+        primary_ids = IdSet.from_ids(queue.ids())
+        self.skip = backup_ids & primary_ids
+        self.pending_dequeues = backup_ids - primary_ids
         if guard is not None:
             for msg_id in self.skip:
                 guard.skip(msg_id)
@@ -189,5 +194,5 @@ class ReplicatingSubscription(BatchingLink):
         queue.remove_observer(self)
         if self in queue.browsers:
             queue.remove_consumer(self)
-        if self.guard is not None:
+        if self.guard is not None and self.owns_guard:
             self.guard.cancel()

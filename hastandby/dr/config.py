@@ -9,8 +9,9 @@ becomes primary finds it.  Without either it lives in memory only, and the
 node says so in its log.
 
 Besides what the operator asked for, a configuration carries what resuming
-needs: the source epoch last seen and, in enqueue mode, the id ``base`` that
-maps the source's ids onto the replica's (see ``replica``).
+needs: the source epoch last seen, the source queue's lineage last adopted
+(``broker/lineage.py``, in its wire form) and, in enqueue mode, the id
+``base`` that maps the source's ids onto the replica's (see ``replica``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class ReplicationConfig:
     max_backlog_bytes: int | None = None
     key: str = field(default_factory=lambda: uuidlib.uuid4().hex[:12])
     epoch: str = ""
+    lineage: list[list[object]] = field(default_factory=list)
     base: int = 0
 
     def __post_init__(self) -> None:

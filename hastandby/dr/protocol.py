@@ -12,6 +12,15 @@ uuid of the queue (full) or of the tap queue (enqueue) whose ids the
 messages carry.  A queue keeps its uuid across an HA failover, where ids
 continue, and gets a new one when a standalone node restarts, where ids
 start again, so a changed epoch tells the replica its ids mean nothing now.
+Within one epoch, ids mean the same message only below the point where the
+two sides' *lineages* diverge (``broker/lineage.py``: a source cluster's
+primary that was frozen may have given ids out that its successor gave to
+other messages).  The replica sends the source lineage it adopted last
+(``hastandby.dr-lineage``), the source answers with its own, and both
+compute the divergence point: a full replica drops what it holds from there
+on before the first batch arrives and the source trusts only the ids below
+it; an enqueue replica moves its ``base`` so that the source's ids from there
+on are new to it.
 
 Messages travel as the producer's bytes with the source id as delivery tag.
 Control deliveries are pre-settled: tag ``d...`` is a batch of dequeued ids
@@ -41,6 +50,7 @@ REPLICA_PROPERTY = symbol("hastandby.dr-replica")
 MODE_PROPERTY = symbol("hastandby.dr-mode")
 KEY_PROPERTY = symbol("hastandby.dr-key")
 EPOCH_PROPERTY = symbol("hastandby.dr-epoch")
+LINEAGE_PROPERTY = symbol("hastandby.dr-lineage")
 SYNC_PROPERTY = symbol("hastandby.dr-sync")
 ACK_PROPERTY = symbol("hastandby.dr-ack")
 ACK_ADDRESS = "$dr.ack"

@@ -34,9 +34,11 @@ import structlog
 from cproton import PN_ACCEPTED, lib
 from proton import Condition, Connection, Endpoint, Event, Link, Terminus
 
-from hastandby.broker import sections
+from hastandby.broker import lineage, sections
 from hastandby.broker.completion import Completion
 from hastandby.broker.driver import Driver
+from hastandby.broker.errors import BrokerError
+from hastandby.broker.fence import Fence
 from hastandby.broker.links import delivery_tag, take_payload
 from hastandby.broker.outbound import Address, Outbound
 from hastandby.broker.queue import Queue
@@ -58,6 +60,7 @@ from .protocol import (
     ACK_PROPERTY,
     EPOCH_PROPERTY,
     KEY_PROPERTY,
+    LINEAGE_PROPERTY,
     MAX_BYTES_PROPERTY,
     MAX_COUNT_PROPERTY,
     MODE_PROPERTY,
@@ -83,6 +86,7 @@ class ReplicaLink:
         config: ReplicationConfig,
         registry: Registry,
         driver: Driver,
+        fence: Fence,
         me: dict[str, Any],
         save: Callable[[ReplicationConfig], None],
         heartbeat: float = 2.0,
@@ -90,6 +94,7 @@ class ReplicaLink:
         self.config = config
         self.registry = registry
         self.driver = driver
+        self.fence = fence
         self.save = save
         self.link: Link | None = None
         self._impl: Any = None
@@ -139,8 +144,8 @@ class ReplicaLink:
         link.source.address = config.queue
         link.target.address = config.queue
         properties: dict[Any, Any] = {MODE_PROPERTY: config.mode, KEY_PROPERTY: config.key,
-                                      EPOCH_PROPERTY: config.epoch, SYNC_PROPERTY: config.sync,
-                                      ACK_PROPERTY: True}
+                                      EPOCH_PROPERTY: config.epoch, LINEAGE_PROPERTY: config.lineage,
+                                      SYNC_PROPERTY: config.sync, ACK_PROPERTY: True}
         if config.mode == "full":
             link.source.distribution_mode = Terminus.DIST_MODE_COPY
             properties[IDS_PROPERTY] = IdSet.from_ids(queue.ids()).to_wire()
@@ -170,19 +175,50 @@ class ReplicaLink:
         self._drop_link()
 
     def on_link_remote_open(self, event: Event) -> None:
+        """The source's answer, before its first batch: align with its epoch and lineage (protocol.py)."""
         if event.link is not self.link and event.link != self.link:
             return
-        epoch = str((event.link.remote_properties or {}).get(EPOCH_PROPERTY) or "")
+        reply = event.link.remote_properties or {}
+        epoch = str(reply.get(EPOCH_PROPERTY) or "")
+        if not epoch:
+            return  # a refusal: its detach follows
         config = self.config
         self.error = None
-        if epoch and epoch != config.epoch:
-            if config.epoch:
-                log.warning("source ids started again (the source queue is new or its node restarted)",
-                            queue=config.queue, old_epoch=config.epoch, epoch=epoch)
-            config.epoch = epoch
-            if config.mode == "enqueue":
-                config.base = self.registry.queue(config.queue).next_id - 1
+        try:
+            theirs = lineage.from_wire(reply.get(LINEAGE_PROPERTY))
+        except ValueError as error:
+            self.fail(ValueError(f"the source sent a bad lineage: {error}"))
+            return
+        mine = lineage.from_wire(config.lineage)
+        if config.epoch and epoch != config.epoch:
+            log.warning("source ids started again (the source queue is new or its node restarted)",
+                        queue=config.queue, old_epoch=config.epoch, epoch=epoch)
+        # A full source computes the same point from what we offered (FullSourceLink);
+        # an enqueue replica's first epoch starts after whatever the queue held.
+        new_epoch = epoch != config.epoch and (bool(config.epoch) or config.mode == "enqueue")
+        point = 1 if new_epoch else lineage.divergence(mine, theirs)
+        if point is not None:
+            self._diverged(point, mine, theirs)
+        if epoch != config.epoch or theirs != mine:
+            config.epoch, config.lineage = epoch, lineage.to_wire(theirs)
             self.save(config)
+
+    def _diverged(self, point: int, mine: lineage.Lineage, theirs: lineage.Lineage) -> None:
+        """Source ids from ``point`` on are not the ones we hold under them."""
+        config, queue = self.config, self.registry.queue(self.config.queue)
+        if config.mode == "full":
+            dropped = queue.drop_from(point)
+            if dropped:
+                log.warning("replica diverged from its source: dropped messages assigned under another lineage",
+                            queue=config.queue, from_id=point, dropped=dropped,
+                            replica_lineage=lineage.describe(mine), source_lineage=lineage.describe(theirs))
+        elif config.base + point < queue.next_id:
+            # Local consumers may have taken what we hold: keep it, and give the
+            # source's ids from ``point`` on fresh local ids.
+            config.base = queue.next_id - point
+            log.warning("replica diverged from its source: its ids from here on are new messages",
+                        queue=config.queue, from_id=point, base=config.base,
+                        replica_lineage=lineage.describe(mine), source_lineage=lineage.describe(theirs))
 
     def on_link_remote_close(self, event: Event) -> None:
         link = event.link
@@ -235,6 +271,9 @@ class ReplicaLink:
 
     def _enqueue_batch(self, delivery: Any, data: bytes) -> None:
         """Store a batch of source messages; one completion acknowledges them all."""
+        if not self.fence.allows():  # taking nothing we could not acknowledge (broker/fence.py)
+            self.fail(BrokerError("this node may not take messages now (fenced)"))
+            return
         ids, payloads = decode_batch(data)
         if lib.pn_delivery_settled(delivery):  # pre-settled: acknowledged cumulatively
             lib.pn_delivery_settle(delivery)
@@ -262,6 +301,8 @@ class ReplicaLink:
         generation, delivery, source_id = token
         if self._impl is None or generation != self._generation:
             return  # its link is gone: the source re-sends it, and we drop the duplicate
+        if not self.fence.allows():
+            return  # fenced: left unacknowledged, the source keeps it
         if delivery is not None:
             lib.pn_delivery_update(delivery, PN_ACCEPTED)
             lib.pn_delivery_settle(delivery)

@@ -107,7 +107,7 @@ class DisasterRecovery:
             # Not durable and the node restarted: the replication says the queue exists.
             registry.declare_queue(config.queue)
             log.info("replica queue recreated", queue=config.queue, source=config.source)
-        replica = ReplicaLink(config, registry, self.node.driver,
+        replica = ReplicaLink(config, registry, self.node.driver, self.node.handler.fence,
                               {"node_id": self.node.node_id, "url": self.url}, self._save_quietly, self.heartbeat)
         self.replicas[config.queue] = replica
         registry.read_only[config.queue] = (

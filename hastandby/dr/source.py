@@ -27,6 +27,7 @@ import structlog
 from cproton import lib
 from proton import Connection, Link
 
+from hastandby.broker import lineage
 from hastandby.broker.completion import Completion
 from hastandby.broker.driver import Driver, Timer
 from hastandby.broker.errors import InvalidArgument, NotAllowed, NotFound
@@ -52,6 +53,7 @@ from .protocol import (
     ACK_PROPERTY,
     EPOCH_PROPERTY,
     KEY_PROPERTY,
+    LINEAGE_PROPERTY,
     MAX_BYTES_PROPERTY,
     MAX_COUNT_PROPERTY,
     MODE_PROPERTY,
@@ -158,8 +160,13 @@ class FullSourceLink(ReplicatingSubscription, StatusReporter):
     """Full mode: the queue's messages and dequeues, with catch-up by id set."""
 
     def __init__(self, link: Link, queue: Queue, registry: Registry, driver: Driver, sync: bool,
-                 cumulative: bool, replica_ids: IdSet, replica_epoch: str, replica: str) -> None:
+                 cumulative: bool, replica_ids: IdSet, replica_epoch: str, replica_lineage: lineage.Lineage,
+                 replica: str) -> None:
+        # Another epoch: none of the replica's ids name our messages.  The same
+        # one: those below the lineages' divergence point do.  The replica drops
+        # the rest itself when it reads our answer (protocol.py).
         foreign = bool(replica_epoch) and replica_epoch != queue.uuid
+        point = 1 if foreign else lineage.divergence(replica_lineage, queue.lineage)
         # Asynchronous: sent pre-settled in lingering batches, acknowledged
         # cumulatively.  A message lost with the link is not in the id set the
         # replica sends on reconnect, so the catch-up sends it again.  --sync
@@ -167,17 +174,17 @@ class FullSourceLink(ReplicatingSubscription, StatusReporter):
         # only every 20 ms, too slow for a waiting producer.
         asynchronous = cumulative and not sync
         super().__init__(link, queue, registry, driver, QueueGuard(queue) if sync else None, replica_ids,
-                         on_ready=self._live, foreign_ids=foreign, cumulative=asynchronous,
+                         on_ready=self._live, trusted_below=point, cumulative=asynchronous,
                          linger=LINGER if asynchronous else 0.0)
         StatusReporter.__init__(self, driver)
-        link.properties = {EPOCH_PROPERTY: queue.uuid}
+        link.properties = {EPOCH_PROPERTY: queue.uuid, LINEAGE_PROPERTY: lineage.to_wire(queue.lineage)}
         self.mode = "full"
         self.replica = replica
         self.arrivals = Arrivals()
         if queue.depth:
             self.arrivals.add(queue.next_id - 1)  # the catch-up counts from now
         log.info("replica attached", queue=queue.name, mode="full", replica=replica, sync=sync,
-                 replica_ids=len(replica_ids), new_epoch=foreign)
+                 replica_ids=len(replica_ids), new_epoch=foreign, trusted_below=point)
 
     def _live(self, subscription: ReplicatingSubscription) -> None:
         log.info("replica live", queue=self.queue.name, mode="full", replica=self.replica)
@@ -308,7 +315,7 @@ class TapLink(BatchingLink, StatusReporter):
         super().__init__(link, feeder.tap, registry, driver, browsing=True, cumulative=cumulative and not sync)
         self.sees_acquired = True  # an admin's consumer on the tap takes nothing from the replica
         StatusReporter.__init__(self, driver)
-        link.properties = {EPOCH_PROPERTY: feeder.tap.uuid}
+        link.properties = {EPOCH_PROPERTY: feeder.tap.uuid, LINEAGE_PROPERTY: lineage.to_wire(feeder.tap.lineage)}
         self.mode = "enqueue"
         self.feeder = feeder
         self.replica = replica
@@ -432,9 +439,13 @@ class DrSource:
                 ids = IdSet.from_wire([int(x) for x in properties.get(str(IDS_PROPERTY), [])])
             except (TypeError, ValueError) as error:
                 raise InvalidArgument(f"bad {IDS_PROPERTY}: {error}") from None
+            try:
+                replica_lineage = lineage.from_wire(properties.get(str(LINEAGE_PROPERTY)))
+            except ValueError as error:
+                raise InvalidArgument(f"bad {LINEAGE_PROPERTY}: {error}") from None
             endpoint: FullSourceLink | TapLink = FullSourceLink(
                 link, queue, self.registry, self.driver, sync, bool(properties.get(str(ACK_PROPERTY))),
-                ids, epoch, replica)
+                ids, epoch, replica_lineage, replica)
         else:
             key = str(properties.get(str(KEY_PROPERTY)) or "")
             if not key or "." in key:

@@ -15,6 +15,14 @@ Key layout under ``/hastandby/<cluster>/``:
 ``handover``
     ``{"target": <node-id>}`` set by an operator promotion, attached to its
     own short lease so that a handover that cannot happen expires by itself.
+``sync``
+    ``{"members": [<node-id>, ...], "leader": <node-id>}``, no lease: the
+    *sync set*, the nodes that hold every message acknowledged so far (Kafka's
+    in-sync replicas, Patroni's ``/sync``).  Only a member may be elected.
+    The primary writes it, and only while it holds the leader key: it adds a
+    backup once that backup is caught up and guarded, and removes one
+    *before* it acknowledges anything without it.  A campaign that wins
+    rewrites it in the same transaction.
 """
 
 from __future__ import annotations
@@ -50,6 +58,10 @@ class ClusterKeys:
         return self.prefix + "handover"
 
     @property
+    def sync(self) -> str:
+        return self.prefix + "sync"
+
+    @property
     def members(self) -> str:
         return self.prefix + "members/"
 
@@ -79,6 +91,18 @@ class Member:
 
 
 @dataclass(frozen=True)
+class SyncSet:
+    """The nodes that hold every acknowledged message, as the primary ``leader`` last wrote it.
+
+    ``revision`` is the key's mod revision, for compare-and-set.
+    """
+
+    members: frozenset[str]
+    leader: str
+    revision: int = 0
+
+
+@dataclass(frozen=True)
 class ClusterSnapshot:
     """The cluster's keys as read at one etcd ``revision``."""
 
@@ -86,9 +110,21 @@ class ClusterSnapshot:
     leader: Leader | None = None
     members: tuple[Member, ...] = ()
     handover_target: str | None = None
+    sync: SyncSet | None = None
 
     def member(self, node_id: str) -> Member | None:
         return next((m for m in self.members if m.node_id == node_id), None)
+
+    def in_sync(self, node_id: str) -> bool:
+        """May ``node_id`` be elected?  Without a sync key (none written yet) every node may."""
+        return self.sync is None or node_id in self.sync.members
+
+    def live_sync_members(self) -> frozenset[str]:
+        """Sync members whose member key says they are caught-up backups (alive, reachable by etcd)."""
+        if self.sync is None:
+            return frozenset()
+        return frozenset(m.node_id for m in self.members
+                         if m.node_id in self.sync.members and m.state is State.BACKUP)
 
     def is_current_term(self, term: int) -> bool:
         """True if ``term`` is the term of the leader in this snapshot.
@@ -145,6 +181,18 @@ def decode_member(node_id: str, value: bytes) -> Member:
         return Member(node_id, url, State(state), Detail(detail) if detail else None)
     except ValueError as error:
         raise ValueError(f"{what}: {error}") from error
+
+
+def encode_sync(members: frozenset[str], leader: str) -> bytes:
+    return json.dumps({"members": sorted(members), "leader": leader}, separators=(",", ":")).encode()
+
+
+def decode_sync(value: bytes, revision: int) -> SyncSet:
+    fields = _decode(value, "sync key")
+    members = fields.get("members")
+    if not isinstance(members, list) or not all(isinstance(m, str) and m for m in members):
+        raise ValueError("sync key: field 'members' missing or not a list of node ids")
+    return SyncSet(frozenset(members), _text(fields, "leader", "sync key"), revision)
 
 
 def encode_handover(target: str) -> bytes:

@@ -58,6 +58,8 @@ from urllib.parse import urlsplit  # noqa: E402
 import grpc  # noqa: E402
 import structlog  # noqa: E402
 
+from hastandby.broker.fence import Fence  # noqa: E402
+
 with warnings.catch_warnings():
     # etcd3 0.12's generated code calls protobuf descriptor functions that
     # protobuf deprecates: import-time noise in every test run, nothing to fix here.
@@ -73,12 +75,15 @@ from hastandby.lifecycle.cluster import (  # noqa: E402
     ClusterSnapshot,
     Leader,
     Member,
+    SyncSet,
     decode_handover,
     decode_leader,
     decode_member,
+    decode_sync,
     encode_handover,
     encode_leader,
     encode_member,
+    encode_sync,
 )
 from hastandby.lifecycle.states import NodeStatus  # noqa: E402
 
@@ -131,10 +136,15 @@ class Coordinator(Protocol):
         """Leader, members and handover target, read at one revision."""
         ...
 
-    def campaign(self) -> int | None:
-        """Create the leader key under this node's lease if there is none and
-        the handover target is absent or this node; return the new term, or
-        None if another node leads or the handover names someone else."""
+    def campaign(self, sync: frozenset[str], sync_revision: int) -> int | None:
+        """Create the leader key under this node's lease if there is none, the
+        handover target is absent or this node, and the sync key is still at
+        ``sync_revision`` (0: absent); write the sync set ``sync`` in the same
+        transaction.  Return the new term, or None if the conditions failed."""
+        ...
+
+    def update_sync(self, term: int, members: frozenset[str]) -> bool:
+        """Write the sync set, only while this node holds the leader key of ``term``; True if written."""
         ...
 
     def resign(self, term: int) -> bool:
@@ -234,6 +244,7 @@ class EtcdCoordinator:
         lease_ttl: int = 5,
         lease_margin: float = 1.5,
         request_timeout: float = 1.0,
+        fence: Fence | None = None,
     ) -> None:
         if lease_ttl < MIN_LEASE_TTL:
             raise ValueError(f"lease_ttl must be at least {MIN_LEASE_TTL} s")
@@ -253,6 +264,9 @@ class EtcdCoordinator:
         self._client = etcd_client(endpoint, request_timeout)
         self._lock = threading.Lock()
         self._lease: _Lease | None = None
+        # Closed until a lease is granted, moved on by every confirmation, closed when the lease goes.
+        self.fence = fence if fence is not None else Fence()
+        self.fence.close()
         self._stop = threading.Event()
         self._lease_changed = threading.Event()
         self._keepalive_thread: threading.Thread | None = None
@@ -280,6 +294,7 @@ class EtcdCoordinator:
     def revoke_lease(self) -> None:
         with self._lock:
             lease, self._lease = self._lease, None
+            self.fence.close()
         if lease is None:
             return
         try:
@@ -306,6 +321,7 @@ class EtcdCoordinator:
         lease = _Lease(granted.id, granted.ttl, sent, sent + granted.ttl / 3)
         with self._lock:
             self._lease = lease
+            self.fence.until = sent + lease.ttl - self._margin
         self._log.info("lease granted", lease=lease.id, ttl=lease.ttl)
         self._start_thread("_keepalive_thread", self._keepalive_loop, "keepalive")
         self._lease_changed.set()
@@ -353,6 +369,7 @@ class EtcdCoordinator:
                 current = self._lease is lease
                 if current:
                     self._lease = None
+                    self.fence.close()
             if current:  # not merely revoked by revoke_lease() meanwhile
                 self._log.warning("lease expired", lease=lease.id)
                 self._tell(CoordinatorEvent.LEASE_LOST)
@@ -360,6 +377,8 @@ class EtcdCoordinator:
         with self._lock:
             recovered = lease.refresh_failing
             lease.confirmed_at = sent
+            if self._lease is lease:
+                self.fence.until = sent + lease.ttl - self._margin
             lease.refresh_due = sent + lease.ttl / 3
             lease.unconfirmed_reported = lease.refresh_failing = False
         if recovered:
@@ -386,6 +405,7 @@ class EtcdCoordinator:
             with self._lock:  # the lease expired under us: take a new one, once
                 if self._lease is lease:
                     self._lease = None
+                    self.fence.close()
             lease = self._ensure_lease()
             with _etcd("publish status"):
                 self._client.put(self._keys.member(self.node_id), value, lease=lease.id)
@@ -397,6 +417,7 @@ class EtcdCoordinator:
         leader: Leader | None = None
         members: list[Member] = []
         handover: str | None = None
+        sync: SyncSet | None = None
         for kv in response.kvs:
             key = kv.key.decode()
             try:
@@ -404,6 +425,8 @@ class EtcdCoordinator:
                     leader = decode_leader(kv.value, kv.create_revision)
                 elif key == self._keys.handover:
                     handover = decode_handover(kv.value)
+                elif key == self._keys.sync:
+                    sync = decode_sync(kv.value, kv.mod_revision)
                 elif key.startswith(self._keys.members):
                     members.append(decode_member(key[len(self._keys.members):], kv.value))
             except ValueError as error:
@@ -412,35 +435,50 @@ class EtcdCoordinator:
                     raise CoordinatorError(str(error)) from error
                 self._log.warning("ignoring unreadable member key", key=key, error=str(error))
         members.sort(key=lambda member: member.node_id)
-        return ClusterSnapshot(response.header.revision, leader, tuple(members), handover)
+        return ClusterSnapshot(response.header.revision, leader, tuple(members), handover, sync)
 
-    def campaign(self) -> int | None:
+    def campaign(self, sync: frozenset[str], sync_revision: int) -> int | None:
         lease = self._current_lease()
-        leader_key, handover_key = self._keys.leader, self._keys.handover
+        leader_key, handover_key, sync_key = self._keys.leader, self._keys.handover, self._keys.sync
         leader_value = encode_leader(self.node_id, self.url)
-        claim = [txn.Put(leader_key, leader_value, lease.id), txn.Get(leader_key)]
+        claim = [txn.Put(leader_key, leader_value, lease.id), txn.Get(leader_key),
+                 txn.Put(sync_key, encode_sync(sync, self.node_id))]
+        unchanged_sync = txn.Mod(sync_key) == sync_revision
         with _etcd("campaign"):
             won, responses = self._client.transaction(
-                compare=[txn.Create(leader_key) == 0, txn.Version(handover_key) == 0],
+                compare=[txn.Create(leader_key) == 0, txn.Version(handover_key) == 0, unchanged_sync],
                 success=claim,
                 failure=[txn.Get(leader_key), txn.Get(handover_key)],
             )
             if not won:
                 current_leader, handover = responses
-                if current_leader or not self._handover_names_me(handover[0][0]):
+                # Lost to another leader, or the sync set changed since it was read: decide again.
+                if current_leader or not handover or not self._handover_names_me(handover[0][0]):
                     return None
                 # The handover names this node: claim only if it still does.
                 handover_revision = handover[0][1].mod_revision
                 won, responses = self._client.transaction(
-                    compare=[txn.Create(leader_key) == 0, txn.Mod(handover_key) == handover_revision],
+                    compare=[txn.Create(leader_key) == 0, txn.Mod(handover_key) == handover_revision,
+                             unchanged_sync],
                     success=claim,
                     failure=[],
                 )
                 if not won:
                     return None
         term = int(responses[1][0][1].create_revision)
-        self._log.info("won election", term=term)
+        self._log.info("won election", term=term, sync=sorted(sync))
         return term
+
+    def update_sync(self, term: int, members: frozenset[str]) -> bool:
+        with _etcd("update sync set"):
+            written, _ = self._client.transaction(
+                compare=[txn.Create(self._keys.leader) == term],
+                success=[txn.Put(self._keys.sync, encode_sync(members, self.node_id))],
+                failure=[],
+            )
+        self._log.info("sync set written" if written else "sync set not written: not the leader",
+                       term=term, sync=sorted(members))
+        return bool(written)
 
     def _handover_names_me(self, value: bytes) -> bool:
         try:

@@ -20,9 +20,17 @@ Rules, in the order they are applied:
    removed so the others need not wait a TTL.
 5. Without a leader: while a handover target is set only the target may
    campaign; a node whose lease is not confirmed does not campaign; a
-   ``backup`` campaigns; a ``connecting`` node campaigns only if every member
-   is ``connecting`` (a brand-new cluster, where the etcd transaction lets
-   exactly one win); a ``catchup`` node never campaigns.
+   ``backup`` campaigns only if it is in the sync set (it holds every
+   acknowledged message, ``cluster.py``); a ``connecting`` node campaigns only
+   if every member is ``connecting`` (a brand-new cluster, where the etcd
+   transaction lets exactly one win) and no other member is in the sync set
+   (one that is holds data: a primary that stepped down); a ``catchup`` node
+   never campaigns.  A campaign writes the sync set in the same transaction:
+   the winner and the members that are in it and alive, for which the winner
+   guards every message until they are back or dropped.
+6. A primary keeps the sync set equal to what its replication wants: the
+   backups it guards and that are caught up.  Removing one is how it may
+   stop waiting for it, so a write is due before anything else but fencing.
 """
 
 from __future__ import annotations
@@ -49,13 +57,17 @@ class PublishMember:
 
 @dataclass(frozen=True)
 class Campaign:
-    """Try to create the leader key (``Coordinator.campaign``).
+    """Try to create the leader key (``Coordinator.campaign``), writing ``sync``
+    if the sync key is still at ``sync_revision``.
 
-    On success fire ``won_event`` with the term the coordinator returned.
+    On success fire ``won_event`` with the term the coordinator returned; the
+    other members of ``sync`` are the backups the new primary expects.
     """
 
     new_cluster: bool
     reason: str
+    sync: frozenset[str] = frozenset()
+    sync_revision: int = 0
 
     @property
     def won_event(self) -> Event:
@@ -93,7 +105,16 @@ class ClearHandover:
     reason: str
 
 
-Decision = Stay | PublishMember | Campaign | FollowLeader | StepDown | RemoveStaleLeaderKey | ClearHandover
+@dataclass(frozen=True)
+class UpdateSync:
+    """Write the sync set (``Coordinator.update_sync``) as this primary's replication wants it."""
+
+    members: frozenset[str]
+    reason: str
+
+
+Decision = (Stay | PublishMember | Campaign | FollowLeader | StepDown | RemoveStaleLeaderKey | ClearHandover
+            | UpdateSync)
 
 _CLUSTER_STATES = (State.CONNECTING, State.CATCHUP, State.BACKUP, State.PRIMARY)
 
@@ -104,17 +125,19 @@ def decide(
     snapshot: ClusterSnapshot | None,
     lease_confirmed: bool,
     following: Leader | None = None,
+    sync_wanted: frozenset[str] | None = None,
 ) -> Decision:
     """The one thing node ``me`` should do now.
 
     ``snapshot`` is None when etcd could not be read this cycle.
     ``lease_confirmed`` is ``Coordinator.lease_confirmed_within(safe age)``.
     ``following`` is the leader the node's replication currently points at.
+    ``sync_wanted`` is, on a primary, the sync set its replication wants.
     """
     if status.state not in _CLUSTER_STATES:
         raise ValueError(f"decide() is for cluster members, not a {status.state} node")
     if status.state is State.PRIMARY:
-        return _decide_as_primary(me, status, snapshot, lease_confirmed)
+        return _decide_as_primary(me, status, snapshot, lease_confirmed, sync_wanted)
     return _decide_as_non_primary(me, status, snapshot, lease_confirmed, following)
 
 
@@ -128,7 +151,8 @@ def _member_outdated(me: str, status: NodeStatus, snapshot: ClusterSnapshot) -> 
 
 
 def _decide_as_primary(
-    me: str, status: NodeStatus, snapshot: ClusterSnapshot | None, lease_confirmed: bool
+    me: str, status: NodeStatus, snapshot: ClusterSnapshot | None, lease_confirmed: bool,
+    sync_wanted: frozenset[str] | None,
 ) -> Decision:
     if not lease_confirmed:
         return StepDown(Event.LOST_LEASE, "lease not confirmed within the safe age")
@@ -146,13 +170,15 @@ def _decide_as_primary(
         return ClearHandover("handover target is already primary")
     if target is not None:
         candidate = snapshot.member(target)
-        if candidate is not None and candidate.state is State.BACKUP:
+        if candidate is not None and candidate.state is State.BACKUP and snapshot.in_sync(target):
             return StepDown(Event.DEMOTED, f"handing over to {target}")
+    if sync_wanted is not None and (snapshot.sync is None or snapshot.sync.members != sync_wanted):
+        return UpdateSync(sync_wanted, f"sync set should be {sorted(sync_wanted)}")
     outdated = _member_outdated(me, status, snapshot)
     if outdated:
         return PublishMember(outdated)
     if target is not None:
-        return Stay(f"handover target {target} is not a ready backup")
+        return Stay(f"handover target {target} is not a ready backup in the sync set")
     return Stay("holding the leader key")
 
 
@@ -182,10 +208,20 @@ def _decide_as_non_primary(
         return Stay(f"no leader; waiting for handover to {target}")
     if not lease_confirmed:
         return Stay("no leader, but my lease is not confirmed: a win would not last")
+    revision = snapshot.sync.revision if snapshot.sync is not None else 0
     if status.state is State.BACKUP:
-        return Campaign(False, "no leader and I am a caught-up backup")
+        if not snapshot.in_sync(me):
+            return Stay("no leader; I am not in the sync set, so I may lack acknowledged messages")
+        expected = snapshot.live_sync_members() - {me}
+        return Campaign(False, "no leader and I am a caught-up backup in the sync set",
+                        frozenset({me}) | expected, revision)
     if status.state is State.CONNECTING and snapshot.every_member_connecting():
-        return Campaign(True, "no leader and every member is connecting: new cluster")
+        holders = {m.node_id for m in snapshot.members if m.node_id != me and snapshot.sync is not None
+                   and m.node_id in snapshot.sync.members}
+        if holders and not snapshot.in_sync(me):
+            return Stay(f"no leader; {', '.join(sorted(holders))} may hold acknowledged messages: "
+                        "waiting for a sync member to win")
+        return Campaign(True, "no leader and every member is connecting: new cluster", frozenset({me}), revision)
     if status.state is State.CATCHUP:
         return Stay("no leader; still catching up, not eligible")
     return Stay("no leader; waiting for a caught-up backup to win")

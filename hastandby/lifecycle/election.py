@@ -7,11 +7,12 @@ Decisions that change the node's role are handed to the reactor thread with
 ``call_soon_threadsafe``; etcd writes (member key, campaign, resign) stay in
 this thread.
 
-Fencing does not wait for this loop: the broker asks ``may_acknowledge()``
-before it settles any producer's message, which is true only while the lease
-was confirmed within TTL minus the margin.  A primary frozen past its TTL
-(SIGSTOP) therefore acknowledges nothing when it resumes, even before the
-loop has seen the lost lease and stepped it down.
+Fencing does not wait for this loop: the coordinator keeps the broker's
+``Fence`` (``broker/fence.py``) at the moment the lease stops being
+confirmed with the margin, and the broker checks it before it takes any
+producer's message and before it settles one.  A primary frozen past its
+TTL (SIGSTOP) therefore takes and acknowledges nothing when it resumes, even
+before the loop has seen the lost lease and stepped it down.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from .decide import (
     RemoveStaleLeaderKey,
     Stay,
     StepDown,
+    UpdateSync,
     decide,
 )
 from .states import Event, NodeStatus
@@ -48,10 +50,20 @@ class ElectedNode(Protocol):
     node_id: str
     status: NodeStatus
     leader: Leader | None
+    #: On a primary, the sync set its replication wants (``cluster.py``); None otherwise.
+    sync_wanted: frozenset[str] | None
 
     def call_soon_threadsafe(self, fn: Callable[[], None]) -> None: ...
 
     def fire(self, event: Event, term: int | None = None) -> bool: ...
+
+    def won(self, event: Event, term: int, expected: frozenset[str]) -> bool:
+        """Fire ``event`` for a won election, guarding for the ``expected`` sync members."""
+        ...
+
+    def sync_confirmed(self, term: int, members: frozenset[str]) -> None:
+        """etcd now holds ``members`` as the sync set, written by this node as primary of ``term``."""
+        ...
 
     def follow(self, leader: Leader) -> None: ...
 
@@ -87,10 +99,6 @@ class ElectionLoop:
         """Run ``fn`` (an etcd write) on the election thread before the next decision."""
         self._requests.put(fn)
         self._wake.set()
-
-    def may_acknowledge(self) -> bool:
-        """The fencing check the broker makes before settling a producer's message."""
-        return self.coordinator.lease_confirmed_within(self.coordinator.safe_lease_age)
 
     def stop(self, revoke: bool = True) -> None:
         """Graceful stop: revoke the lease so a ready backup can take over at once."""
@@ -147,6 +155,7 @@ class ElectionLoop:
             snapshot,
             coordinator.lease_confirmed_within(coordinator.safe_lease_age),
             self.node.leader,
+            self.node.sync_wanted,
         )
         self._act(decision, status)
 
@@ -158,10 +167,12 @@ class ElectionLoop:
         if isinstance(decision, PublishMember):
             self._guarded(lambda: coordinator.publish_status(status))
         elif isinstance(decision, Campaign):
-            term = self._guarded(coordinator.campaign)
+            term = self._guarded(lambda: coordinator.campaign(decision.sync, decision.sync_revision))
             if term:
-                log.info("won the election", term=term, new_cluster=decision.new_cluster)
-                self._on_reactor(lambda: self._won(decision.won_event, term))
+                log.info("won the election", term=term, new_cluster=decision.new_cluster,
+                         sync=sorted(decision.sync))
+                expected = decision.sync - {node.node_id}
+                self._on_reactor(lambda: self._won(decision.won_event, term, expected))
         elif isinstance(decision, FollowLeader):
             leader = decision.leader
             self._on_reactor(lambda: node.follow(leader))
@@ -171,6 +182,11 @@ class ElectionLoop:
             self._guarded(lambda: coordinator.resign(decision.term))
         elif isinstance(decision, ClearHandover):
             self._guarded(coordinator.clear_handover)
+        elif isinstance(decision, UpdateSync):
+            members = decision.members
+            if self._guarded(lambda: coordinator.update_sync(status.term, members)):
+                node.call_soon_threadsafe(lambda: node.sync_confirmed(status.term, members))
+                self._wake.set()  # the wanted set may have moved on meanwhile
 
     def _on_reactor(self, fn: Callable[[], Any]) -> None:
         """Hand a role change to the reactor; no decision is taken until it has run."""
@@ -185,8 +201,8 @@ class ElectionLoop:
 
         self.node.call_soon_threadsafe(run)
 
-    def _won(self, event: Event, term: int) -> None:
-        if not self.node.fire(event, term):
+    def _won(self, event: Event, term: int, expected: frozenset[str]) -> None:
+        if not self.node.won(event, term, expected):
             # The table refused (e.g. we started catching up meanwhile): give the key back.
             self.request(lambda: self.coordinator.resign(term))
 

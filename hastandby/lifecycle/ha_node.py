@@ -92,6 +92,7 @@ class HaNode:
         self.members: list[dict[str, Any]] = []
         self.leader: Leader | None = None
         self.primary: PrimaryReplication | None = None
+        self._expected_sync: frozenset[str] = frozenset()  # the sync members an election was won with
         self.backup = BackupReplication(
             node.registry,
             node.driver,
@@ -118,9 +119,9 @@ class HaNode:
         node.on_stop.append(lambda: self.fire(Event.STOP))
         self.on_serving: list[Callable[[bool], None]] = []  # told when client service starts or stops
         self.election: ElectionLoop | None = None
+        node.handler.fenced_refusal = self._refusal
         if config.etcd:
             self.election = self._make_election(config)
-            node.handler.ack_gate = self.election.may_acknowledge
             node.on_start.append(self.election.start)
 
     def _make_election(self, config: HaConfig) -> ElectionLoop:
@@ -132,7 +133,7 @@ class HaNode:
 
         coordinator = EtcdCoordinator(
             config.etcd or "", config.cluster, self.node.node_id, self.url, notify,
-            lease_ttl=config.lease_ttl, lease_margin=config.lease_margin,
+            lease_ttl=config.lease_ttl, lease_margin=config.lease_margin, fence=self.node.handler.fence,
         )
         loop = ElectionLoop(self, coordinator)
         return loop
@@ -167,6 +168,22 @@ class HaNode:
         if self.leader is not None and self.leader.node_id != self.node.node_id:
             return [split_hostport(self.leader.url)]
         return [address for address in self.addresses if address not in own]
+
+    @property
+    def sync_wanted(self) -> frozenset[str] | None:
+        """The sync set this primary's replication wants in etcd (read by the election thread)."""
+        primary = self.primary
+        return primary.sync_wanted if primary is not None and self.election is not None else None
+
+    def won(self, event: Event, term: int, expected: frozenset[str]) -> bool:
+        """An election won with the sync set {this node} | ``expected``: guard for those."""
+        self._expected_sync = expected
+        return self.fire(event, term)
+
+    def sync_confirmed(self, term: int, members: frozenset[str]) -> None:
+        primary = self.primary
+        if primary is not None and primary.term == term:
+            primary.sync_confirmed(members)
 
     @property
     def is_primary(self) -> bool:
@@ -289,20 +306,34 @@ class HaNode:
 
     # -- primary side ----------------------------------------------------------------------
 
-    def _become_primary(self) -> None:
-        expected = {
+    def _expected_backups(self) -> dict[str, str]:
+        """node id -> url of the backups that may hold what was acknowledged before this promotion.
+
+        With etcd: the other members of the sync set the election was won
+        with.  Without: the backups the last primary reported ready.
+        """
+        if self.election is not None:
+            snapshot = self.election.snapshot
+            urls = {m.node_id: m.url for m in snapshot.members} if snapshot is not None else {}
+            return {node_id: urls.get(node_id, "") for node_id in sorted(self._expected_sync)}
+        return {
             str(m["node_id"]): str(m.get("url", ""))
             for m in self.members
             if m.get("state") == "ready" and m.get("node_id") != self.node.node_id
         }
+
+    def _become_primary(self) -> None:
+        election = self.election
         self.primary = PrimaryReplication(
             self.node.registry,
             self.node.driver,
             me={"node_id": self.node.node_id, "url": self.url},
             term=self.status.term,
-            expected=expected,
+            expected=self._expected_backups(),
             backup_timeout=self.config.backup_timeout,
             on_expected_done=self._expected_done,
+            on_members=election.wake if election is not None else lambda: None,
+            keeps_sync_set=election is not None,
         )
         if not self.primary.recovering:
             self.node.schedule(0.0, lambda: self.fire(Event.EXPECTED_BACKUPS_READY))

@@ -122,16 +122,23 @@ def read_key(server: EtcdServer, key: str) -> dict[str, str]:
     return kvs[0]
 
 
+def campaign(node: Node, sync: frozenset[str] | None = None) -> int | None:
+    """Campaign as the election loop does: writing a sync set, on the sync key's revision as read."""
+    snapshot = node.coordinator.read_snapshot()
+    revision = snapshot.sync.revision if snapshot.sync is not None else 0
+    return node.coordinator.campaign(sync if sync is not None else frozenset({node.id}), revision)
+
+
 def race(nodes: list[Node]) -> dict[str, int | None]:
     """All nodes campaign at the same moment; node id -> term or None."""
     start = threading.Barrier(len(nodes))
     results: dict[str, int | None] = {}
 
-    def campaign(node: Node) -> None:
+    def run(node: Node) -> None:
         start.wait()
-        results[node.id] = node.coordinator.campaign()
+        results[node.id] = campaign(node)
 
-    threads = [threading.Thread(target=campaign, args=(node,)) for node in nodes]
+    threads = [threading.Thread(target=run, args=(node,)) for node in nodes]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -193,7 +200,7 @@ def test_crashed_leader_key_expires_within_ttl_and_a_newer_term_wins(
     etcd: EtcdServer, make_node: MakeNode
 ) -> None:
     crashed, successor = make_node(etcd, "crashed"), make_node(etcd, "successor", watch=True)
-    old_term = crashed.coordinator.campaign()
+    old_term = campaign(crashed)
     assert old_term is not None
     successor.drain()
     stopped_at = time.monotonic()
@@ -204,13 +211,13 @@ def test_crashed_leader_key_expires_within_ttl_and_a_newer_term_wins(
     print(f"\ncrashed leader's key gone after {gone_at - stopped_at:.2f} s (TTL {TTL} s)")
     assert gone_at - stopped_at <= TTL + 1
     successor.wait_for(CoordinatorEvent.CLUSTER_CHANGED, 1)
-    new_term = successor.coordinator.campaign()
+    new_term = campaign(successor)
     assert new_term is not None and new_term > old_term
 
 
 def test_graceful_stop_revokes_and_a_successor_wins_at_once(etcd: EtcdServer, make_node: MakeNode) -> None:
     leaving, successor = make_node(etcd, "leaving"), make_node(etcd, "successor", watch=True)
-    old_term = leaving.coordinator.campaign()
+    old_term = campaign(leaving)
     assert old_term is not None
     successor.drain()
     stopped_at = time.monotonic()
@@ -219,7 +226,7 @@ def test_graceful_stop_revokes_and_a_successor_wins_at_once(etcd: EtcdServer, ma
     successor.wait_for(CoordinatorEvent.CLUSTER_CHANGED, 1)
     snapshot = successor.coordinator.read_snapshot()
     assert snapshot.leader is None and snapshot.member("leaving") is None
-    new_term = successor.coordinator.campaign()
+    new_term = campaign(successor)
     won_at = time.monotonic()
     print(f"\nsuccessor won {(won_at - stopped_at) * 1000:.0f} ms after a graceful stop")
     assert new_term is not None and new_term > old_term
@@ -228,13 +235,13 @@ def test_graceful_stop_revokes_and_a_successor_wins_at_once(etcd: EtcdServer, ma
 
 def test_only_the_handover_target_can_win(etcd: EtcdServer, make_node: MakeNode) -> None:
     primary, bystander, target = (make_node(etcd, n) for n in ("primary", "bystander", "target"))
-    term = primary.coordinator.campaign()
+    term = campaign(primary)
     assert term is not None
     primary.coordinator.set_handover("target", ttl=10)
     assert primary.coordinator.read_snapshot().handover_target == "target"
     assert primary.coordinator.resign(term)
-    assert bystander.coordinator.campaign() is None
-    new_term = target.coordinator.campaign()
+    assert campaign(bystander) is None
+    new_term = campaign(target)
     assert new_term is not None and new_term > term
     target.coordinator.clear_handover()
     snapshot = target.coordinator.read_snapshot()
@@ -245,20 +252,20 @@ def test_only_the_handover_target_can_win(etcd: EtcdServer, make_node: MakeNode)
 def test_a_forgotten_handover_expires_by_itself(etcd: EtcdServer, make_node: MakeNode) -> None:
     node = make_node(etcd, "n1")
     node.coordinator.set_handover("absent", ttl=TTL)
-    assert node.coordinator.campaign() is None
+    assert campaign(node) is None
     wait_until(lambda: node.coordinator.read_snapshot().handover_target is None, TTL + 2, "handover expired")
-    assert node.coordinator.campaign() is not None
+    assert campaign(node) is not None
 
 
 def test_stale_terms_are_recognised_and_cannot_resign_a_newer_leader(
     etcd: EtcdServer, make_node: MakeNode
 ) -> None:
     first, second = make_node(etcd, "first"), make_node(etcd, "second")
-    old_term = first.coordinator.campaign()
+    old_term = campaign(first)
     assert old_term is not None
     assert first.coordinator.read_snapshot().is_current_term(old_term)
     assert first.coordinator.resign(old_term)
-    new_term = second.coordinator.campaign()
+    new_term = campaign(second)
     assert new_term is not None
     snapshot = first.coordinator.read_snapshot()
     assert not snapshot.is_current_term(old_term)
@@ -268,12 +275,33 @@ def test_stale_terms_are_recognised_and_cannot_resign_a_newer_leader(
     assert leader is not None and leader.term == new_term
 
 
+def test_the_sync_set_is_written_with_the_win_and_only_by_the_leader(
+    etcd: EtcdServer, make_node: MakeNode
+) -> None:
+    """A campaign writes the sync set in its transaction, fails if the set changed since it was read,
+    and only the holder of the leader key's term may rewrite it."""
+    first, second = make_node(etcd, "first"), make_node(etcd, "second")
+    term = campaign(first, frozenset({"first", "second"}))
+    assert term is not None
+    sync = first.coordinator.read_snapshot().sync
+    assert sync is not None and sync.members == frozenset({"first", "second"}) and sync.leader == "first"
+    assert first.coordinator.update_sync(term, frozenset({"first"}))
+    assert not second.coordinator.update_sync(term + 1, frozenset({"second"}))  # not the leader's term
+    assert first.coordinator.read_snapshot().sync.members == frozenset({"first"})
+    assert first.coordinator.resign(term)
+    assert second.coordinator.campaign(frozenset({"second"}), sync.revision) is None  # read before the update
+    new_term = campaign(second)
+    assert new_term is not None
+    assert not first.coordinator.update_sync(term, frozenset({"first", "second"}))  # a deposed leader
+    assert second.coordinator.read_snapshot().sync.members == frozenset({"second"})
+
+
 @pytest.mark.parametrize("outage", ["pause", "kill"])
 def test_lease_is_unconfirmed_before_it_could_expire_when_etcd_goes_away(
     own_etcd: EtcdServer, make_node: MakeNode, outage: str
 ) -> None:
     node = make_node(own_etcd, "primary")
-    assert node.coordinator.campaign() is not None
+    assert campaign(node) is not None
     confirmed_before = node.coordinator.last_lease_confirmation()
     wait_until(lambda: node.coordinator.last_lease_confirmation() != confirmed_before, TTL, "a keepalive")
     node.drain()

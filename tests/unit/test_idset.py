@@ -156,3 +156,14 @@ def test_wire_round_trip_and_touching_ranges_merge():
 def test_invalid_wire_is_refused(wire, message):
     with pytest.raises(ValueError, match=message):
         IdSet.from_wire(wire)
+
+
+def test_below_cuts_at_a_limit():
+    ids = IdSet.from_ids([1, 2, 3, 7, 8, 20])
+    assert ids.below(None) == ids
+    assert ids.below(8) == IdSet.from_ids([1, 2, 3, 7])
+    assert ids.below(7) == IdSet.from_ids([1, 2, 3])
+    assert ids.below(3) == IdSet.from_ids([1, 2])
+    assert ids.below(1) == IdSet()
+    assert ids.below(100) == ids
+    assert ids.below(8) is not ids

@@ -9,12 +9,15 @@ from hastandby.lifecycle.cluster import (
     ClusterSnapshot,
     Leader,
     Member,
+    SyncSet,
     decode_handover,
     decode_leader,
     decode_member,
+    decode_sync,
     encode_handover,
     encode_leader,
     encode_member,
+    encode_sync,
 )
 from hastandby.lifecycle.states import Detail, NodeStatus, State
 
@@ -25,6 +28,7 @@ def test_key_layout() -> None:
     assert keys.leader == "/hastandby/prod/leader"
     assert keys.handover == "/hastandby/prod/handover"
     assert keys.member("n1") == "/hastandby/prod/members/n1"
+    assert keys.sync == "/hastandby/prod/sync"
 
 
 @pytest.mark.parametrize("name", ["", "a/b"])
@@ -67,3 +71,19 @@ def test_every_member_connecting_needs_members() -> None:
     backup = Member("n2", "amqp://n2", State.BACKUP)
     assert not ClusterSnapshot(1, members=(connecting, backup)).every_member_connecting()
     assert ClusterSnapshot(1, members=(connecting, backup)).member("n2") == backup
+
+
+def test_sync_set_round_trip_and_bad_values() -> None:
+    assert decode_sync(encode_sync(frozenset({"n2", "n1"}), "n1"), 9) == SyncSet(frozenset({"n1", "n2"}), "n1", 9)
+    for value in (b"[]", b'{"members": "n1", "leader": "n1"}', b'{"members": ["n1", ""], "leader": "n1"}',
+                  b'{"members": ["n1"]}'):
+        with pytest.raises(ValueError, match="sync key"):
+            decode_sync(value, 1)
+
+
+def test_sync_membership_and_its_live_members() -> None:
+    backup, catchup = Member("n2", "amqp://n2", State.BACKUP), Member("n3", "amqp://n3", State.CATCHUP)
+    assert ClusterSnapshot(1, members=(backup,)).in_sync("n2")  # no sync key yet: no restriction
+    cluster = ClusterSnapshot(1, members=(backup, catchup), sync=SyncSet(frozenset({"n1", "n2", "n3"}), "n1"))
+    assert cluster.in_sync("n3") and not cluster.in_sync("n4")
+    assert cluster.live_sync_members() == frozenset({"n2"})

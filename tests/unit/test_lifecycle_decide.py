@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hastandby.lifecycle.cluster import ClusterSnapshot, Leader, Member
+from hastandby.lifecycle.cluster import ClusterSnapshot, Leader, Member, SyncSet
 from hastandby.lifecycle.decide import (
     Campaign,
     ClearHandover,
@@ -13,6 +13,7 @@ from hastandby.lifecycle.decide import (
     RemoveStaleLeaderKey,
     Stay,
     StepDown,
+    UpdateSync,
     decide,
 )
 from hastandby.lifecycle.states import Detail, Event, NodeStatus, State
@@ -33,9 +34,13 @@ def leader(node_id: str, term: int = 10) -> Leader:
 
 
 def snapshot(
-    *members: Member, leader: Leader | None = None, handover: str | None = None
+    *members: Member, leader: Leader | None = None, handover: str | None = None, sync: SyncSet | None = None
 ) -> ClusterSnapshot:
-    return ClusterSnapshot(42, leader, tuple(members), handover)
+    return ClusterSnapshot(42, leader, tuple(members), handover, sync)
+
+
+def sync_of(*members: str, revision: int = 7) -> SyncSet:
+    return SyncSet(frozenset(members), "n9", revision)
 
 
 def me_as(status: NodeStatus) -> Member:
@@ -226,3 +231,66 @@ def test_snapshot_term_check() -> None:
     assert cluster.is_current_term(12)
     assert not cluster.is_current_term(11)
     assert not snapshot().is_current_term(12)
+
+
+# -- the sync set ------------------------------------------------------------------
+
+
+def test_a_backup_outside_the_sync_set_does_not_campaign() -> None:
+    """It was dropped by the primary, which then acknowledged messages without it."""
+    cluster = snapshot(me_as(BACKUP), member("n2", State.BACKUP), sync=sync_of("n2", "n3"))
+    decision = decide(ME, BACKUP, cluster, lease_confirmed=True)
+    assert isinstance(decision, Stay) and "sync set" in decision.reason
+    assert isinstance(decide("n2", BACKUP, cluster, lease_confirmed=True), Campaign)
+
+
+def test_a_campaign_keeps_the_live_sync_members_and_compares_the_revision() -> None:
+    """n3 is in the sync set but gone from etcd (crashed or frozen): the winner does not wait for it."""
+    cluster = snapshot(me_as(BACKUP), member("n2", State.BACKUP), member("n4", State.CATCHUP),
+                       sync=sync_of(ME, "n2", "n3", revision=31))
+    decision = decide(ME, BACKUP, cluster, lease_confirmed=True)
+    assert isinstance(decision, Campaign)
+    assert decision.sync == frozenset({ME, "n2"}) and decision.sync_revision == 31
+
+
+def test_without_a_sync_key_a_campaign_writes_one() -> None:
+    decision = decide(ME, BACKUP, snapshot(me_as(BACKUP), member("n2", State.BACKUP)), lease_confirmed=True)
+    assert isinstance(decision, Campaign) and decision.sync == frozenset({ME}) and decision.sync_revision == 0
+
+
+def test_a_new_cluster_waits_for_a_connecting_sync_member() -> None:
+    """Every member connecting, but n2 was in the sync set: a primary that stepped down, holding data."""
+    members = [member(n, State.CONNECTING) for n in (ME, "n2", "n3")]
+    cluster = snapshot(*members, sync=sync_of("n2"))
+    decision = decide(ME, CONNECTING, cluster, lease_confirmed=True)
+    assert isinstance(decision, Stay) and "n2" in decision.reason
+    decision = decide("n2", CONNECTING, cluster, lease_confirmed=True)
+    assert isinstance(decision, Campaign) and decision.new_cluster and decision.sync == frozenset({"n2"})
+
+
+def test_a_new_cluster_whose_sync_members_are_gone_may_start_anywhere() -> None:
+    members = [member(n, State.CONNECTING) for n in (ME, "n2")]
+    decision = decide(ME, CONNECTING, snapshot(*members, sync=sync_of("n5")), lease_confirmed=True)
+    assert isinstance(decision, Campaign) and decision.new_cluster
+
+
+def test_a_primary_writes_the_sync_set_its_replication_wants() -> None:
+    cluster = snapshot(me_as(ACTIVE), member("n2", State.BACKUP), leader=leader(ME), sync=sync_of(ME, "n2"))
+    decision = decide(ME, ACTIVE, cluster, lease_confirmed=True, sync_wanted=frozenset({ME}))
+    assert isinstance(decision, UpdateSync) and decision.members == frozenset({ME})
+    same = decide(ME, ACTIVE, cluster, lease_confirmed=True, sync_wanted=frozenset({ME, "n2"}))
+    assert isinstance(same, Stay)
+
+
+def test_fencing_comes_before_the_sync_set() -> None:
+    cluster = snapshot(me_as(ACTIVE), leader=leader(ME), sync=sync_of(ME, "n2"))
+    decision = decide(ME, ACTIVE, cluster, lease_confirmed=False, sync_wanted=frozenset({ME}))
+    assert isinstance(decision, StepDown)
+
+
+def test_no_handover_to_a_backup_outside_the_sync_set() -> None:
+    """It could not campaign once the primary stepped down."""
+    cluster = snapshot(me_as(ACTIVE), member("n2", State.BACKUP), leader=leader(ME), handover="n2",
+                       sync=sync_of(ME))
+    decision = decide(ME, ACTIVE, cluster, lease_confirmed=True, sync_wanted=frozenset({ME}))
+    assert isinstance(decision, Stay) and "sync set" in decision.reason

@@ -349,3 +349,19 @@ def test_acknowledge_many_removes_a_browsed_stretch():
     q.enqueue_run([b"m%d" % i for i in range(5)])
     q.acknowledge_many([1, 2, 3])
     assert q.ids() == [4, 5] and q.stats["dequeued"] == 3 and [m[0] for m in b.got] == [1, 2, 3, 4, 5]
+
+
+def test_drop_from_removes_a_diverged_tail_and_tells_observers():
+    queue = Queue("q", QueueSettings())
+    for index in range(1, 8):
+        queue.enqueue(b"m%d" % index)
+    queue.dequeue(5, "consumed")
+    recorder = Recorder()
+    queue.add_observer(recorder)
+    assert queue.drop_from(4) == 3
+    assert queue.ids() == [1, 2, 3]
+    assert queue.depth == 3
+    assert [event for event in recorder.events if event[0] == "dequeued"] == [
+        ("dequeued", 4, "diverged"), ("dequeued", 6, "diverged"), ("dequeued", 7, "diverged")]
+    assert queue.next_id == 8  # ids are never given out twice on one node
+    assert queue.drop_from(100) == 0
