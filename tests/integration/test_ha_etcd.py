@@ -36,9 +36,11 @@ from proton.reactor import Container
 
 from benchmarks import cexamples
 from hastandby.client import ManagementClient, ManagementError
+from tests.support.clients import browse_ids
 from tests.support.etcd import EtcdServer
 from tests.support.failover_client import NumberedSender, drain
 from tests.support.nodes import REPO, NodeProcess, free_port
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.etcd
 
@@ -245,7 +247,7 @@ class PinnedProducer(MessagingHandler):
     the connection's fate may be read from the test's thread.
     """
 
-    def __init__(self, url: str, address: str, window: int = 50, time_limit: float = 90.0) -> None:
+    def __init__(self, url: str, address: str, window: int = 50, time_limit: float = 90.0, first: int = 1) -> None:
         super().__init__(auto_settle=True)
         self.url = url
         self.address = address
@@ -259,7 +261,7 @@ class PinnedProducer(MessagingHandler):
         self.errors: list[str] = []
         self.flowing = True
         self._burst = 0
-        self._next = 1
+        self._next = first
         self._stop = threading.Event()
         self._sender: Any = None
         self._connection: Any = None
@@ -586,6 +588,59 @@ def test_sigstopped_primary_is_replaced_and_acknowledges_nothing_after_resuming(
     # Every message the producer saw accepted is on the new primary.
     receiver = drain([c[new].url], "q", accepted_before, time_limit=30)
     assert not receiver.missing(accepted_before), receiver.missing(accepted_before)[:20]
+
+
+def test_frozen_primary_rejoins_without_its_stale_messages_and_loses_nothing_once_elected(ha):
+    """The divergence of issue 11, reproduced: ids are compared across terms.
+
+    A producer attached to primary P1 writes 20 messages into P1's socket
+    while P1 is frozen past its lease; P2 is elected and accepts 20 others.
+    When P1 resumes it must take none of the 20 it finds waiting (it may no
+    longer acknowledge), rejoin as a backup holding exactly what P2 holds
+    under every id, and, once promoted, give consumers every accepted message.
+    """
+    c = ha(3)
+    p1 = c.wait_settled()
+    others = [i for i in range(3) if i != p1]
+    c.create_queue(p1, "q")
+    pinned = PinnedProducer(c[p1].url, "q", window=5).start()
+    try:
+        pinned.wait_accepted(5, timeout=20)
+        pinned.flowing = False
+        wait_for(lambda: not pinned.unsettled(), 10, "the first messages settled")
+        before, last = pinned.accepted_numbers(), pinned.last_sent()
+        c[p1].signal(signal.SIGSTOP)
+        pinned.burst(20)  # into the frozen primary's socket
+        pinned.wait_sent(last + 20, timeout=10)
+        p2, _ = c.wait_new_primary(others, timeout=4 * TTL + 5)
+        p3 = next(i for i in others if i != p2)
+        on_p2 = PinnedProducer(c[p2].url, "q", window=20, first=1001)
+        on_p2.flowing = False
+        on_p2.start()
+        try:
+            on_p2.burst(20)
+            on_p2.wait_accepted(20, timeout=20)
+        finally:
+            on_p2.stop()
+        c[p1].signal(signal.SIGCONT)
+        c.wait_following(p1, p2, timeout=30)
+        time.sleep(1.0)  # the frozen node's socket has been read; its producer's fate is settled
+    finally:
+        c[p1].signal(signal.SIGCONT)
+        pinned.stop()
+    assert pinned.accepted_numbers() == before, "the frozen primary acknowledged something"
+    accepted = before | set(range(1001, 1021))
+
+    copies = {index: browse_ids(c[index].address, "q") for index in (p1, p2, p3)}
+    assert copies[p1] == copies[p2] == copies[p3], {c.ids[i]: copies[i] for i in copies}
+    assert set(copies[p2].values()) == accepted
+
+    result = hastandby("promote", "-b", c[p1].address)
+    assert result.returncode == 0, result.stdout + result.stderr
+    c.wait_state(p1, "primary")
+    receiver = drain([c[p1].url], "q", accepted, time_limit=30)
+    assert not receiver.missing(accepted), f"acknowledged messages lost: {receiver.missing(accepted)}"
+    assert set(receiver.seen) <= accepted | set(range(last + 1, last + 21)), set(receiver.seen) - accepted
 
 
 def test_stale_term_primary_is_not_followed(ha):

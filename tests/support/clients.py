@@ -72,6 +72,44 @@ def browse(address: str, queue: str, count: int, timeout: float = 5.0, admin: bo
         conn.close()
 
 
+class _IdBrowser(MessagingHandler):
+    """Browses a whole queue on an admin connection: replication id (the delivery tag) -> body."""
+
+    def __init__(self, url: str, queue: str, quiet: float) -> None:
+        super().__init__(prefetch=1000)
+        self.url, self.queue, self.quiet = url, queue, quiet
+        self.contents: dict[int, Any] = {}
+        self.error: str | None = None
+        self._connection: Any = None
+
+    def on_start(self, event: Any) -> None:
+        self._connection = event.container.connect(self.url, reconnect=False,
+                                                   properties={symbol("qpid.ha-admin"): True})
+        event.container.create_receiver(self._connection, self.queue, options=Copy())
+        event.container.schedule(self.quiet, self)
+
+    def on_message(self, event: Any) -> None:
+        self.contents[int(event.delivery.tag)] = event.message.body
+
+    def on_timer_task(self, event: Any) -> None:
+        self._connection.close()
+
+    def on_link_error(self, event: Any) -> None:
+        self.error = str(event.link.remote_condition)
+        event.connection.close()
+
+    def on_transport_error(self, event: Any) -> None:
+        self.error = str(event.transport.condition)
+
+
+def browse_ids(address: str, queue: str, quiet: float = 1.0) -> dict[int, Any]:
+    """Every message of ``queue`` on the node at ``address`` (primary or backup), by replication id."""
+    browser = _IdBrowser(f"amqp://{address}", queue, quiet)
+    Container(browser).run()
+    assert browser.error is None, f"browsing {queue!r} on {address}: {browser.error}"
+    return browser.contents
+
+
 def topic_filter(pattern: str) -> Filter:
     return Filter({symbol("subject-filter"): Described(TOPIC_FILTER, pattern)})
 
