@@ -17,6 +17,7 @@ import click
 from .broker.registry import LEVELS
 from .client import ManagementClient, ManagementError
 from .logs import FORMATS
+from .verify import verify as run_verify
 
 BROKER_HELP = "node to talk to, HOST:PORT"
 DEFAULT_BROKER = "127.0.0.1:5672"
@@ -402,6 +403,34 @@ def ping(broker: str, timeout: float) -> None:
     except ManagementError as error:
         raise click.ClickException(str(error)) from None
     click.echo("ok")
+
+
+@main.command()
+@_broker_option
+@click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
+@click.option("--settle", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="seconds before ids found on one side only are read again (a live cluster moves)")
+def verify(broker: str, as_json: bool, settle: float) -> None:
+    """Compare the primary's replicated queues with every ready backup's copy; exit 1 on any difference.
+
+    -b names any node of the cluster: its primary is found.  Compared are
+    each queue's lineage, its replication ids and a digest of each message's
+    bytes (see docs/lifecycle.md, section 9).  Run it after an incident.
+    """
+    try:
+        report = run_verify(broker, settle=settle)
+    except ManagementError as error:
+        raise click.ClickException(str(error)) from None
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2, sort_keys=True))
+    else:
+        click.echo(f"primary {report.primary}; ready backups: {', '.join(report.backups) or 'none'}; "
+                   f"{len(report.queues)} replicated queues, {report.compared} messages compared")
+        for difference in report.differences:
+            click.echo(f"DIFFERENT {difference}")
+        click.echo("equal" if report.equal else f"{len(report.differences)} differences")
+    if not report.equal:
+        sys.exit(1)
 
 
 # -- benchmarks and dashboards (they live in the repository, beside the package) ---------------

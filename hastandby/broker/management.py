@@ -1,7 +1,7 @@
 """Management requests: AMQP request/response on the ``$management`` address.
 
 A request is a message whose application properties name the ``operation``
-(CREATE, DELETE, BIND, UNBIND, PURGE, QUERY, STATUS, PING), the ``type``
+(CREATE, DELETE, BIND, UNBIND, PURGE, QUERY, STATUS, PING, IDS), the ``type``
 (queue, exchange) and the ``name``; its body is a map of attributes.  The reply
 goes to the request's ``reply-to`` with ``statusCode`` (HTTP-like: 200, 201,
 400, 404, ...) and ``statusDescription`` application properties and the
@@ -15,11 +15,13 @@ objects).
 
 from __future__ import annotations
 
+from hashlib import blake2b
 from typing import Any, Callable
 
 import structlog
 from proton import Condition, Connection, Delivery, Link, Message
 
+from . import lineage
 from .errors import BrokerError, InvalidArgument, NotFound
 from .links import close_link, receive_whole
 from .registry import Registry
@@ -29,6 +31,8 @@ ADDRESS = "$management"
 Operation = Callable[["Request"], tuple[int, Any]]
 Guard = Callable[["Request"], None]
 MUTATING = {"CREATE", "DELETE", "BIND", "UNBIND", "PURGE"}
+IDS_PAGE = 10_000  # messages per IDS reply unless asked for fewer
+IDS_PAGE_MAX = 50_000
 
 log = structlog.get_logger("hastandby.management")
 
@@ -72,6 +76,7 @@ class Management:
             "QUERY": lambda request: (200, self.query()),
             "STATUS": lambda request: (200, status()),
             "PING": lambda request: (200, {}),
+            "IDS": self._ids,
         }
 
     def register(self, operation: str, handler: Operation) -> None:
@@ -156,6 +161,26 @@ class Management:
 
     def _purge(self, request: Request) -> tuple[int, Any]:
         return 200, {"purged": self.registry.queue(request.name).purge()}
+
+    def _ids(self, request: Request) -> tuple[int, Any]:
+        """One page of a queue's replication ids with a digest of each message's bytes, and its lineage.
+
+        What ``hastandby verify`` compares between a primary and its backups;
+        pages keep a long queue from holding up the node.
+        """
+        queue = self.registry.queue(request.name)
+        after, limit = request.body.get("after", 0), request.body.get("limit", IDS_PAGE)
+        if type(after) is not int or after < 0 or type(limit) is not int or not 0 < limit <= IDS_PAGE_MAX:
+            raise InvalidArgument(f"IDS needs 'after' >= 0 and 0 < 'limit' <= {IDS_PAGE_MAX}")
+        page = queue.page(after, limit)
+        return 200, {
+            "queue": queue.name,
+            "uuid": queue.uuid,
+            "lineage": lineage.to_wire(queue.lineage),
+            "depth": queue.depth,
+            "messages": [[msg_id, blake2b(payload, digest_size=8).hexdigest()] for msg_id, payload in page],
+            "more": len(page) == limit,
+        }
 
     def query(self) -> dict[str, Any]:
         result = self.registry.describe()

@@ -509,6 +509,18 @@ class Queue:
         """Replication ids of the messages on the queue, in order."""
         return [i for i, p in zip(self._ids, self._data) if p is not None]
 
+    def page(self, after: int, limit: int) -> list[tuple[int, bytes]]:
+        """Up to ``limit`` messages with ids above ``after``, in id order (a bounded read of a long queue)."""
+        ids, data = self._ids, self._data
+        index, end = bisect_right(ids, after), len(ids)
+        found: list[tuple[int, bytes]] = []
+        while index < end and len(found) < limit:
+            payload = data[index]
+            if payload is not None:
+                found.append((ids[index], payload))
+            index += 1
+        return found
+
     def messages(self) -> list[tuple[int, bytes]]:
         return [(i, p) for i, p in zip(self._ids, self._data) if p is not None]
 

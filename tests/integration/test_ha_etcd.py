@@ -634,6 +634,11 @@ def test_frozen_primary_rejoins_without_its_stale_messages_and_loses_nothing_onc
     copies = {index: browse_ids(c[index].address, "q") for index in (p1, p2, p3)}
     assert copies[p1] == copies[p2] == copies[p3], {c.ids[i]: copies[i] for i in copies}
     assert set(copies[p2].values()) == accepted
+    checked = hastandby("verify", "--json", "-b", c[p1].address)  # any node: it finds the primary
+    report = json.loads(checked.stdout)
+    assert checked.returncode == 0 and report["equal"], checked.stdout + checked.stderr
+    assert report["primary"] == c[p2].address and len(report["backups"]) == 2
+    assert report["compared"] == 2 * len(copies[p2])
 
     result = hastandby("promote", "-b", c[p1].address)
     assert result.returncode == 0, result.stdout + result.stderr
