@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from .broker.registry import LEVELS
-from .client import ManagementClient, ManagementError
+from .client import Login, ManagementClient, ManagementError, read_password
 from .logs import FORMATS
 from .verify import verify as run_verify
 
@@ -27,9 +27,20 @@ def _broker_option(fn: Any) -> Any:
     return click.option("-b", "--broker", default=DEFAULT_BROKER, show_default=True, help=BROKER_HELP)(fn)
 
 
+def _login() -> Login:
+    """The credentials given to the ``hastandby`` command (see ``main``)."""
+    context = click.get_current_context(silent=True)
+    login = context.find_object(Login) if context is not None else None
+    return login or Login.from_environment()
+
+
+def _client(broker: str, timeout: float = 10.0) -> ManagementClient:
+    return ManagementClient(broker, timeout=timeout, login=_login())
+
+
 def _request(broker: str, operation: str, type: str = "", name: str = "", body: dict[str, Any] | None = None) -> Any:
     try:
-        with ManagementClient(broker) as client:
+        with _client(broker) as client:
             return client.request(operation, type, name, body)
     except ManagementError as error:
         raise click.ClickException(str(error)) from None
@@ -37,8 +48,26 @@ def _request(broker: str, operation: str, type: str = "", name: str = "", body: 
 
 @click.group()
 @click.version_option(package_name="hastandby")
-def main() -> None:
-    """hastandby: a hot-standby AMQP 1.0 broker cluster."""
+@click.option("--user", envvar="HASTANDBY_USER", help="user to authenticate as (or amqp://USER:PASSWORD@HOST:PORT "
+              "in -b) [env HASTANDBY_USER]")
+@click.option("--password-file", envvar="HASTANDBY_PASSWORD_FILE", type=click.Path(dir_okay=False, path_type=Path),
+              help="file whose first line is the password [env HASTANDBY_PASSWORD_FILE; or HASTANDBY_PASSWORD]")
+@click.option("--ssl-ca-file", envvar="HASTANDBY_SSL_CA_FILE", help="CA to verify the node's TLS certificate with")
+@click.option("--ssl-cert-file", envvar="HASTANDBY_SSL_CERT_FILE", help="client certificate (EXTERNAL)")
+@click.option("--ssl-key-file", envvar="HASTANDBY_SSL_KEY_FILE", help="client certificate's key")
+@click.pass_context
+def main(context: click.Context, user: str | None, password_file: Path | None, ssl_ca_file: str | None,
+         ssl_cert_file: str | None, ssl_key_file: str | None) -> None:
+    """hastandby: a hot-standby AMQP 1.0 broker cluster.
+
+    Node addresses (-b) are HOST:PORT, amqp://HOST:PORT or amqps://HOST:PORT (TLS).
+    """
+    environment = Login.from_environment()
+    try:
+        password = read_password(password_file) if password_file else environment.password
+    except ManagementError as error:
+        raise click.ClickException(str(error)) from None
+    context.obj = Login(user, password, ssl_ca_file, ssl_cert_file, ssl_key_file)
 
 
 # -- serve -----------------------------------------------------------------------
@@ -71,33 +100,73 @@ def main() -> None:
 @click.option("--node-id", help="this node's id (default: kept in --data-dir, or random)")
 @click.option("--lease-ttl", type=click.IntRange(min=1), default=2, show_default=True,
               help="etcd lease TTL, seconds: a dead primary is replaced after about this long")
+@click.option("--users-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="users and their salted secrets [default: DATA_DIR/users.json] (hastandby user add)")
+@click.option("--allow-anonymous/--no-allow-anonymous", default=True,
+              help="accept connections without credentials, with every right unless --acl-file says otherwise "
+                   "(development and trials only)")
+@click.option("--acl-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="who may do what (docs/security.md); reloaded on SIGHUP and by 'hastandby acl reload'")
+@click.option("--listen-tls", metavar="HOST:PORT", help="also accept TLS connections here (port 5671 if omitted)")
+@click.option("--ssl-cert-file", type=click.Path(dir_okay=False, path_type=Path), help="this node's certificate")
+@click.option("--ssl-key-file", type=click.Path(dir_okay=False, path_type=Path), help="its private key")
+@click.option("--ssl-ca-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="CA that signs client and peer certificates")
+@click.option("--ssl-require-client-cert", is_flag=True, help="TLS clients must present a certificate")
+@click.option("--peer-user", help="user this node authenticates as to its primary and DR sources (group cluster)")
+@click.option("--peer-password-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="that user's password (first line of the file)")
+@click.option("--peer-tls", is_flag=True,
+              help="connect to peers with TLS (verified with --ssl-ca-file; --ssl-cert-file presented); "
+                   "peers then know this node by its --listen-tls address")
 def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, replicate: str | None,
           max_message_size: int, no_auto_create: bool, heartbeat: float | None, ha_cluster: bool,
           brokers_url: str, public_url: str | None, backup_timeout: float, client_redirect: bool,
-          client_refusal: str, etcd: str | None, cluster_name: str, node_id: str | None, lease_ttl: int) -> None:
-    """Run a node until SIGINT/SIGTERM."""
+          client_refusal: str, etcd: str | None, cluster_name: str, node_id: str | None, lease_ttl: int,
+          users_file: Path | None, allow_anonymous: bool, acl_file: Path | None, listen_tls: str | None,
+          ssl_cert_file: Path | None, ssl_key_file: Path | None, ssl_ca_file: Path | None,
+          ssl_require_client_cert: bool, peer_user: str | None, peer_password_file: Path | None,
+          peer_tls: bool) -> None:
+    """Run a node until SIGINT/SIGTERM.  --listen none: no plain listener (TLS only)."""
     from . import logs
     from .dr.service import DisasterRecovery, config_store
     from .node import Node, NodeConfig
+    from .security.acl import AclError
+    from .security.credentials import CredentialsError
+    from .security.tls import TlsError, TlsSettings
 
     logs.configure(log_format, log_level)
     if etcd:
         ha_cluster = True
     if heartbeat is None:
         heartbeat = 2.0 if ha_cluster else 0.0
+    try:
+        peer_password = read_password(peer_password_file) if peer_password_file else None
+    except ManagementError as error:
+        raise click.ClickException(str(error)) from None
     config = NodeConfig(
-        listen=listen,
+        listen=None if listen == "none" else listen,
         data_dir=data_dir,
         replicate=replicate or ("all" if ha_cluster else "none"),
         max_message_size=max_message_size,
         auto_create=not no_auto_create,
         heartbeat=heartbeat,
         node_id=node_id,
+        users_file=users_file,
+        allow_anonymous=allow_anonymous,
+        acl_file=acl_file,
+        listen_tls=listen_tls,
+        tls=TlsSettings(ssl_cert_file, ssl_key_file, ssl_ca_file, ssl_require_client_cert),
+        peer_user=peer_user,
+        peer_password=peer_password,
+        peer_tls=peer_tls,
     )
+    if not config.listen and not config.listen_tls:
+        raise click.UsageError("--listen none needs --listen-tls")
     try:
         node = Node(config)
         dr = DisasterRecovery(node, config_store(data_dir, etcd, cluster_name),
-                              public_url or listen, heartbeat=heartbeat or 2.0)
+                              public_url or config.peer_address, heartbeat=heartbeat or 2.0)
         if ha_cluster:
             from .lifecycle.ha_node import HaConfig, HaNode
 
@@ -109,8 +178,10 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
         else:
             node.on_start.append(lambda: dr.set_serving(True))
         node.run()
+    except (AclError, CredentialsError, TlsError) as error:
+        raise click.ClickException(str(error)) from None
     except OSError as error:
-        raise click.ClickException(f"cannot serve on {listen}: {error}") from None
+        raise click.ClickException(f"cannot serve on {config.address}: {error}") from None
 
 
 # -- add / del ---------------------------------------------------------------------
@@ -298,7 +369,7 @@ def status(broker: str, expect: str | None, is_primary: bool, every: bool, as_js
     if every:
         for member in result.get("brokers") or [broker]:
             try:
-                with ManagementClient(member, timeout=3) as client:
+                with _client(member, timeout=3) as client:
                     state = client.request("STATUS")
                 line = f"{member} {state['state']}" + (f" ({state['detail']})" if state.get("detail") else "")
             except ManagementError as error:
@@ -398,7 +469,7 @@ def promote(broker: str) -> None:
 def ping(broker: str, timeout: float) -> None:
     """Exit 0 if the node answers."""
     try:
-        with ManagementClient(broker, timeout=timeout) as client:
+        with _client(broker, timeout=timeout) as client:
             client.request("PING")
     except ManagementError as error:
         raise click.ClickException(str(error)) from None
@@ -418,7 +489,7 @@ def verify(broker: str, as_json: bool, settle: float) -> None:
     bytes (see docs/lifecycle.md, section 9).  Run it after an incident.
     """
     try:
-        report = run_verify(broker, settle=settle)
+        report = run_verify(broker, settle=settle, login=_login())
     except ManagementError as error:
         raise click.ClickException(str(error)) from None
     if as_json:
@@ -431,6 +502,112 @@ def verify(broker: str, as_json: bool, settle: float) -> None:
         click.echo("equal" if report.equal else f"{len(report.differences)} differences")
     if not report.equal:
         sys.exit(1)
+
+
+# -- users and ACL ------------------------------------------------------------------------
+
+
+def _users_target(fn: Any) -> Any:
+    fn = click.option("--users-file", type=click.Path(dir_okay=False, path_type=Path),
+                      help="edit this users file directly (the node's --users-file) instead of asking a node")(fn)
+    return click.option("-b", "--broker", help="node to ask (its users file is written), HOST:PORT")(fn)
+
+
+def _new_password(password_file: Path | None) -> str:
+    """The new password: from a file, else from standard input (prompted, hidden, on a terminal)."""
+    try:
+        if password_file is not None:
+            return read_password(password_file)
+    except ManagementError as error:
+        raise click.ClickException(str(error)) from None
+    if sys.stdin.isatty():
+        return str(click.prompt("Password", hide_input=True, confirmation_prompt=True))
+    line = sys.stdin.readline()
+    if not line.strip("\n"):
+        raise click.ClickException("no password on standard input")
+    return line.rstrip("\n")
+
+
+def _edit_users(users_file: Path | None, broker: str | None, operation: str, body: dict[str, Any],
+                change: Any) -> None:
+    from .security.credentials import Credentials, CredentialsError
+
+    if (users_file is None) == (broker is None):
+        raise click.UsageError("give --users-file FILE (offline) or -b NODE (a running node)")
+    if broker is not None:
+        result = _request(broker, operation, body=body)
+    else:
+        try:
+            store = Credentials.load(users_file)
+            change(store)
+            if operation != "USER-LIST":
+                store.save()
+        except CredentialsError as error:
+            raise click.ClickException(str(error)) from None
+        result = {"users": store.describe()}
+    for user in result["users"]:
+        click.echo(f"{user['user']}  groups: {', '.join(user['groups']) or '-'}"
+                   f"{'' if user['password'] else '  (certificate only)'}")
+
+
+@main.group()
+def user() -> None:
+    """Manage a node's users (salted secrets only; groups admin and cluster mean something to the node)."""
+
+
+@user.command("add")
+@click.argument("name")
+@click.option("--group", "groups", multiple=True, help="a group to put the user in (repeat for several)")
+@click.option("--new-password-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="read the password from this file (default: standard input)")
+@click.option("--no-password", is_flag=True, help="a user who authenticates with a TLS certificate only")
+@_users_target
+def user_add(name: str, groups: tuple[str, ...], new_password_file: Path | None, no_password: bool,
+             broker: str | None, users_file: Path | None) -> None:
+    """Add a user."""
+    password = None if no_password else _new_password(new_password_file)
+    _edit_users(users_file, broker, "USER-ADD", {"user": name, "password": password, "groups": list(groups)},
+                lambda store: store.add(name, password, list(groups)))
+
+
+@user.command("passwd")
+@click.argument("name")
+@click.option("--new-password-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="read the password from this file (default: standard input)")
+@_users_target
+def user_passwd(name: str, new_password_file: Path | None, broker: str | None, users_file: Path | None) -> None:
+    """Set a user's password."""
+    password = _new_password(new_password_file)
+    _edit_users(users_file, broker, "USER-PASSWD", {"user": name, "password": password},
+                lambda store: store.set_password(name, password))
+
+
+@user.command("del")
+@click.argument("name")
+@_users_target
+def user_del(name: str, broker: str | None, users_file: Path | None) -> None:
+    """Remove a user."""
+    _edit_users(users_file, broker, "USER-DEL", {"user": name}, lambda store: store.delete(name))
+
+
+@user.command("list")
+@_users_target
+def user_list(broker: str | None, users_file: Path | None) -> None:
+    """List users and their groups."""
+    _edit_users(users_file, broker, "USER-LIST", {}, lambda store: None)
+
+
+@main.group()
+def acl() -> None:
+    """The node's ACL file."""
+
+
+@acl.command("reload")
+@_broker_option
+def acl_reload(broker: str) -> None:
+    """Read the node's ACL file again (a file with a mistake leaves the rules as they were)."""
+    result = _request(broker, "ACL-RELOAD")
+    click.echo(f"{broker}: ACL reloaded from {result['acl']}")
 
 
 # -- benchmarks and dashboards (they live in the repository, beside the package) ---------------

@@ -1,19 +1,94 @@
 """A blocking management client: one request, one reply, over AMQP.
 
 The CLI and the tests use it.  It declares itself an admin connection
-(``qpid.ha-admin``), which HA backups admit so they can be inspected.
+(``qpid.ha-admin``), which HA backups admit, so that they can be inspected,
+when the user is in the ``admin`` group.
+
+Credentials (``Login``) come from the broker address
+(``amqp://user:password@host:port``, ``amqps://`` for TLS), from the CLI's
+``--user`` and ``--password-file``, or from the environment
+(``HASTANDBY_USER``, ``HASTANDBY_PASSWORD`` or ``HASTANDBY_PASSWORD_FILE``,
+``HASTANDBY_SSL_CA_FILE``, ``HASTANDBY_SSL_CERT_FILE``,
+``HASTANDBY_SSL_KEY_FILE``), never only from a command line others can read.
+With a user and password the client uses PLAIN (python-qpid-proton's wheel
+has no SCRAM; use TLS on a network); with a certificate and no password,
+EXTERNAL.
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
-from proton import ConnectionException, Message, ProtonException, Timeout, symbol
+from proton import ConnectionException, Message, ProtonException, SSLDomain, Timeout, symbol
 from proton.utils import BlockingConnection, SyncRequestResponse
 
 from .broker.management import ADDRESS
 
 ADMIN_PROPERTY = symbol("qpid.ha-admin")
+
+
+@dataclass(frozen=True)
+class Login:
+    """How a client authenticates to a node, and the TLS it uses."""
+
+    user: str | None = None
+    password: str | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    tls: bool = False
+
+    @classmethod
+    def from_environment(cls) -> "Login":
+        env = os.environ.get
+        password = env("HASTANDBY_PASSWORD")
+        if password is None and env("HASTANDBY_PASSWORD_FILE"):
+            password = read_password(Path(env("HASTANDBY_PASSWORD_FILE", "")))
+        return cls(env("HASTANDBY_USER") or None, password, env("HASTANDBY_SSL_CA_FILE") or None,
+                   env("HASTANDBY_SSL_CERT_FILE") or None, env("HASTANDBY_SSL_KEY_FILE") or None)
+
+    def for_broker(self, broker: str) -> tuple[str, "Login"]:
+        """``amqp[s]://host:port`` and this login with what the address itself says (user, password, TLS)."""
+        parts = urlsplit(broker if "://" in broker else f"amqp://{broker}")
+        login = self
+        if parts.username:
+            login = replace(login, user=unquote(parts.username),
+                            password=unquote(parts.password) if parts.password is not None else login.password)
+        tls = parts.scheme == "amqps" or login.tls
+        host = f"[{parts.hostname}]" if parts.hostname and ":" in parts.hostname else parts.hostname
+        return f"{'amqps' if tls else 'amqp'}://{host}:{parts.port or (5671 if tls else 5672)}", \
+            replace(login, tls=tls)
+
+    def connect_options(self) -> dict[str, Any]:
+        """Keyword arguments for python-qpid-proton's connect / BlockingConnection."""
+        options: dict[str, Any] = {}
+        if self.user is not None:
+            options["user"] = self.user
+            if self.password is not None:
+                options["password"] = self.password
+                options["allow_insecure_mechs"] = True  # PLAIN on a plain port: the operator chose it
+        if self.tls:
+            domain = SSLDomain(SSLDomain.MODE_CLIENT)
+            if self.ca_file:
+                domain.set_trusted_ca_db(self.ca_file)
+            domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME, self.ca_file)
+            if self.cert_file and self.key_file:
+                domain.set_credentials(self.cert_file, self.key_file, None)
+            options["ssl_domain"] = domain
+        return options
+
+
+def read_password(path: Path) -> str:
+    """A password file's first line (a trailing newline is not part of it)."""
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ManagementError(f"cannot read password file {path}: {error.strerror}") from None
+    return text.splitlines()[0] if text else ""
 
 
 class ManagementError(Exception):
@@ -24,18 +99,16 @@ class ManagementError(Exception):
         self.status = status
 
 
-def broker_url(broker: str) -> str:
-    return broker if "://" in broker else f"amqp://{broker}"
-
-
 class ManagementClient:
     """A connection to one node's ``$management`` address."""
 
-    def __init__(self, broker: str, timeout: float = 10.0, admin: bool = True) -> None:
+    def __init__(self, broker: str, timeout: float = 10.0, admin: bool = True, login: Login | None = None) -> None:
         self.broker = broker
         properties = {ADMIN_PROPERTY: True} if admin else None
+        url, login = (login or Login.from_environment()).for_broker(broker)
         try:
-            self._connection = BlockingConnection(broker_url(broker), timeout=timeout, properties=properties)
+            self._connection = BlockingConnection(url, timeout=timeout, properties=properties,
+                                                  **login.connect_options())
             self._rpc = SyncRequestResponse(self._connection, ADDRESS)
         except ConnectionException as error:
             raise ManagementError(f"{broker}: {_condition(error)}") from None

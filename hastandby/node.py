@@ -11,7 +11,7 @@ import os
 import signal
 import time
 import uuid as uuidlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -19,10 +19,16 @@ import structlog
 from proton import Condition
 
 from . import __version__
+from .access import register_access_operations
+from .broker.authority import Authority
 from .broker.management import Management
 from .broker.registry import Registry
 from .broker.server import BrokerHandler, Refusal
 from .broker.store import WiringStore
+from .security.acl import Acl, AclError
+from .security.credentials import Credentials
+from .security.pipe import ClientSecurity, ServerSecurity
+from .security.tls import TlsSettings
 
 log = structlog.get_logger("hastandby.node")
 
@@ -34,13 +40,37 @@ SHUTDOWN_GRACE = 0.3  # seconds to flush close frames before the loop stops
 class NodeConfig:
     """What ``hastandby serve`` was asked for."""
 
-    listen: str = "127.0.0.1:5672"
+    listen: str | None = "127.0.0.1:5672"  # None: no plain listener (TLS only)
     data_dir: Path | None = None
     replicate: str = "none"
     max_message_size: int = 64 * 1024 * 1024
     auto_create: bool = True
     heartbeat: float = 0.0
     node_id: str | None = None
+    users_file: Path | None = None  # default: <data-dir>/users.json
+    allow_anonymous: bool = False
+    acl_file: Path | None = None
+    listen_tls: str | None = None
+    tls: TlsSettings = field(default_factory=TlsSettings)
+    peer_user: str | None = None  # how this node authenticates to peers (its primary, a DR source)
+    peer_password: str | None = None
+    peer_tls: bool = False
+
+    @property
+    def users_path(self) -> Path | None:
+        if self.users_file is not None:
+            return self.users_file
+        return self.data_dir / "users.json" if self.data_dir is not None else None
+
+    @property
+    def address(self) -> str:
+        """The address this node is known by: its plain listener, else its TLS one."""
+        return self.listen or self.listen_tls or ""
+
+    @property
+    def peer_address(self) -> str:
+        """Where peers reach this node: its TLS listener when peers speak TLS."""
+        return (self.listen_tls if self.peer_tls else None) or self.address
 
 
 def split_hostport(text: str, default_port: int = 5672) -> tuple[str, int]:
@@ -63,7 +93,12 @@ class Node:
         self.node_id = self._node_id()
         self.started = time.time()
         self.registry = Registry(config.replicate, config.auto_create, scheduler=self.schedule)
-        self.management = Management(self.registry, self.status)
+        users_path = config.users_path
+        self.users = Credentials.load(users_path) if users_path is not None else Credentials()
+        policy = Acl.load(config.acl_file) if config.acl_file is not None else None
+        self.authority = Authority(self.users, policy, config.allow_anonymous)
+        self.management = Management(self.registry, self.status, self.authority)
+        register_access_operations(self.management, self.authority, config.acl_file)
         self.handler = BrokerHandler(
             self.registry,
             self.management,
@@ -72,11 +107,14 @@ class Node:
         )
         self.handler.container_id = f"hastandby-{self.node_id}"
         self.driver = self.handler.driver
+        self.driver.security = ServerSecurity(self.users, config.allow_anonymous)
+        self.peer_security = ClientSecurity(config.peer_user, config.peer_password,
+                                            config.tls.client_context() if config.peer_tls else None)
         self.status_extras: list[Callable[[], dict[str, Any]]] = []
         self.shutdown_refusal = Refusal(Condition("amqp:connection:forced", "node shutting down"))
         self.on_start: list[Callable[[], None]] = []
         self.on_stop: list[Callable[[], None]] = []
-        self._listener: Any = None
+        self._listeners: list[Any] = []
         self._stopping = False
         if config.data_dir is not None:
             store = WiringStore(self.registry, config.data_dir)
@@ -116,11 +154,15 @@ class Node:
     # -- status --------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        host, port = split_hostport(self.config.listen)
+        host, port = split_hostport(self.config.address)
+        scheme = "amqp" if self.config.listen else "amqps"
         status: dict[str, Any] = {
             "state": self.state,
             "node_id": self.node_id,
-            "url": f"amqp://{host}:{port}",
+            "url": f"{scheme}://{host}:{port}",
+            "tls": self.config.listen_tls,
+            "anonymous": self.config.allow_anonymous,
+            "acl": self.authority.policy.source,
             "version": __version__,
             "pid": os.getpid(),
             "uptime": round(time.time() - self.started, 3),
@@ -135,10 +177,16 @@ class Node:
 
     def run(self) -> None:
         """Serve until SIGINT/SIGTERM, then close every connection and return."""
-        host, port = split_hostport(self.config.listen)
-        self._listener = self.driver.listen(host, port)
+        config = self.config
+        if config.listen:
+            self._listeners.append(self.driver.listen(*split_hostport(config.listen)))
+        if config.listen_tls:
+            self._listeners.append(self.driver.listen(*split_hostport(config.listen_tls, 5671),
+                                                      tls=config.tls.server_context()))
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda *_: self.call_soon_threadsafe(self.stop))
+        signal.signal(signal.SIGHUP, lambda *_: self.call_soon_threadsafe(self.reload_acl))
+        host, port = split_hostport(config.address)
         self.schedule(HOUSEKEEPING_INTERVAL, self._housekeeping)
         for fn in self.on_start:
             self.schedule(0.0, fn)
@@ -157,10 +205,20 @@ class Node:
                 fn()
             except Exception:  # a stop must always finish: log and go on
                 log.exception("stop hook failed")
-        if self._listener is not None:
-            self._listener.close()
+        for listener in self._listeners:
+            listener.close()
         self.handler.close_all(self.shutdown_refusal)
         self.schedule(SHUTDOWN_GRACE, self._finish)
+
+    def reload_acl(self) -> None:
+        """SIGHUP: read the ACL file again; a file with a mistake leaves the rules as they were."""
+        if self.config.acl_file is None:
+            log.info("SIGHUP: no ACL file to reload")
+            return
+        try:
+            self.authority.reload_acl(self.config.acl_file)
+        except AclError as error:
+            log.error("ACL not reloaded, the rules stay as they were", reason=str(error))
 
     def _finish(self) -> None:
         self.driver.stop()

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .broker.management import IDS_PAGE
-from .client import ManagementClient, ManagementError
+from .client import Login, ManagementClient, ManagementError
 
 
 @dataclass(frozen=True)
@@ -125,9 +125,9 @@ def read_copy(client: ManagementClient, queue: str, page: int = IDS_PAGE) -> Cop
         after = int(reply["messages"][-1][0])
 
 
-def find_primary(broker: str, timeout: float = 5.0) -> str:
+def find_primary(broker: str, timeout: float = 5.0, login: Login | None = None) -> str:
     """HOST:PORT of the primary, asking ``broker`` (the primary itself, or a backup that follows one)."""
-    with ManagementClient(broker, timeout=timeout) as client:
+    with ManagementClient(broker, timeout=timeout, login=login) as client:
         status = client.request("STATUS")
     if status.get("state") == "primary":
         return broker
@@ -137,10 +137,11 @@ def find_primary(broker: str, timeout: float = 5.0) -> str:
     return str(primary)
 
 
-def verify(broker: str, settle: float = 1.0, page: int = IDS_PAGE, timeout: float = 10.0) -> Report:
+def verify(broker: str, settle: float = 1.0, page: int = IDS_PAGE, timeout: float = 10.0,
+           login: Login | None = None) -> Report:
     """Compare every ``all`` queue of the primary with every ready backup's copy."""
-    primary = find_primary(broker, timeout)
-    with ManagementClient(primary, timeout=timeout) as client:
+    primary = find_primary(broker, timeout, login)
+    with ManagementClient(primary, timeout=timeout, login=login) as client:
         query = client.request("QUERY")
     queues = sorted(q["name"] for q in query.get("queues", []) if q.get("replicate") == "all")
     members = (query.get("ha") or {}).get("members", [])
@@ -149,10 +150,10 @@ def verify(broker: str, settle: float = 1.0, page: int = IDS_PAGE, timeout: floa
 
     def differences() -> list[Difference]:
         found: list[Difference] = []
-        with ManagementClient(primary, timeout=timeout) as source:
+        with ManagementClient(primary, timeout=timeout, login=login) as source:
             originals = {queue: read_copy(source, queue, page) for queue in queues}
         for backup in backups:
-            with ManagementClient(backup, timeout=timeout) as client:
+            with ManagementClient(backup, timeout=timeout, login=login) as client:
                 for queue in queues:
                     try:
                         copy = read_copy(client, queue, page)

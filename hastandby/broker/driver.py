@@ -28,6 +28,7 @@ import itertools
 import os
 import selectors
 import socket
+import ssl
 import time
 from typing import Any, Callable
 
@@ -40,11 +41,14 @@ from cproton import (
     ffi,
     lib,
 )
-from proton import Collector, Connection, Event, Transport
+from proton import Collector, Condition, Connection, Event, Transport
+
+from hastandby.security.pipe import ClientSecurity, Pipe, PipeError, ServerSecurity
 
 log = structlog.get_logger("hastandby.driver")
 
 TICK_INTERVAL = 0.5  # seconds between idle-timeout (heartbeat) ticks
+HANDSHAKE_TIMEOUT = 10.0  # seconds a connection may take to authenticate
 IO_CHUNK = 256 * 1024  # most bytes moved per socket read or write
 
 
@@ -76,9 +80,17 @@ class Timer:
 
 
 class Socket:
-    """One AMQP connection's socket, transport and connection."""
+    """One AMQP connection's socket, transport and connection.
 
-    def __init__(self, driver: "Driver", sock: socket.socket, transport: Transport, connection: Connection) -> None:
+    With a ``pipe`` (``security/pipe.py``: TLS and SASL) bytes go through it
+    and two buffers of our own: ``_inbound`` for the engine's bytes it had no
+    room for yet, ``_outbound`` for the socket's.  A plain connection drops
+    its pipe once SASL is done and moves bytes the bare way, straight
+    between socket and engine.
+    """
+
+    def __init__(self, driver: "Driver", sock: socket.socket, transport: Transport, connection: Connection,
+                 pipe: Pipe | None = None) -> None:
         self.driver = driver
         self.sock = sock
         self.transport = transport
@@ -88,6 +100,11 @@ class Socket:
         self.events = selectors.EVENT_READ
         self.connecting = False
         self.on_closed: Callable[["Socket"], None] | None = None
+        self.pipe = pipe
+        self.opened_at = time.monotonic()
+        self._inbound = bytearray()
+        self._outbound = bytearray()
+        self._refusing: str | None = None  # the handshake failed: send what is left, then close
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -110,6 +127,9 @@ class Socket:
             self.close()
 
     def _read(self) -> None:
+        if self.pipe is not None:
+            self._read_through_pipe()
+            return
         t = self.t_impl
         capacity = lib.pn_transport_capacity(t)
         if capacity <= 0:
@@ -126,9 +146,105 @@ class Socket:
             lib.pn_transport_close_tail(t)
         self.driver.dirty.add(self)
 
+    def _read_through_pipe(self) -> None:
+        pipe = self.pipe
+        assert pipe is not None
+        if self._refusing is not None:
+            return
+        if self._inbound:  # the engine had no room last time: no more until it has
+            self._push_inbound()
+            if self._inbound:
+                return
+        try:
+            data = self.sock.recv(IO_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            lib.pn_transport_close_tail(self.t_impl)
+            self.driver.dirty.add(self)
+            return
+        try:
+            self._inbound += pipe.receive(data)
+        except PipeError as error:
+            self.refuse(str(error))
+            return
+        if pipe.principal is not None and getattr(self.connection, "hs_principal", None) is None:
+            self.connection.hs_principal = pipe.principal
+        self._push_inbound()
+        self.driver.dirty.add(self)
+
+    def _push_inbound(self) -> None:
+        t = self.t_impl
+        while self._inbound:
+            room = lib.pn_transport_capacity(t)
+            if room <= 0:
+                return
+            chunk = bytes(self._inbound[:room])
+            lib.pn_transport_push(t, ffi.from_buffer(chunk), len(chunk))
+            del self._inbound[:len(chunk)]
+
+    def refuse(self, reason: str) -> None:
+        """The handshake failed (or took too long): say so in the log, send what is queued, close."""
+        if self._refusing is not None:
+            return
+        self._refusing = reason
+        self.transport.condition = Condition("amqp:unauthorized-access", reason)
+        try:
+            peer = "%s:%d" % self.sock.getpeername()[:2]
+        except OSError:
+            peer = "?"
+        log.warning("connection not authenticated", peer=peer, reason=reason)
+        self.driver.dirty.add(self)
+
+    def _flush_through_pipe(self) -> None:
+        pipe = self.pipe
+        assert pipe is not None
+        t = self.t_impl
+        try:
+            self._outbound += pipe.take_output()
+            if pipe.done and self._refusing is None:
+                out = self.driver.out_buffer
+                pending = lib.pn_transport_pending(t)
+                while pending > 0 and len(self._outbound) < IO_CHUNK:
+                    size = lib.pn_transport_peek(t, out, min(pending, IO_CHUNK))
+                    self._outbound += pipe.send(bytes(ffi.buffer(out, size)))
+                    lib.pn_transport_pop(t, size)
+                    pending = lib.pn_transport_pending(t)
+        except PipeError as error:
+            self.refuse(str(error))
+        while self._outbound:
+            try:
+                sent = self.sock.send(self._outbound)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self._outbound.clear()
+                lib.pn_transport_close_head(t)
+                break
+            del self._outbound[:sent]
+        if self._refusing is not None and not self._outbound:
+            self.close()
+            return
+        if pipe.passthrough and not self._outbound and not self._inbound:
+            self.pipe = None  # SASL done on a plain connection: the bare path from now on
+        pending = lib.pn_transport_pending(t)
+        if pending < 0 and lib.pn_transport_capacity(t) < 0 and not self._outbound:
+            self.close()
+            return
+        writing = self._outbound or (pipe.done and pending > 0)
+        wanted = selectors.EVENT_READ | (selectors.EVENT_WRITE if writing else 0)
+        if wanted != self.events:
+            self.events = wanted
+            self.driver.selector.modify(self.sock, wanted, self)
+
     def flush(self) -> None:
         """Write what the transport has for the peer; watch for writability if some remains."""
         if self.closed or self.connecting:
+            return
+        if self.pipe is not None:
+            self._flush_through_pipe()
             return
         t = self.t_impl
         pending = lib.pn_transport_pending(t)
@@ -169,9 +285,10 @@ class Socket:
 
 
 class _Listener:
-    def __init__(self, driver: "Driver", sock: socket.socket) -> None:
+    def __init__(self, driver: "Driver", sock: socket.socket, tls: ssl.SSLContext | None) -> None:
         self.driver = driver
         self.sock = sock
+        self.tls = tls
 
     def ready(self, mask: int) -> None:
         for _ in range(64):
@@ -182,7 +299,7 @@ class _Listener:
             except OSError as error:
                 log.warning("accept failed", error=str(error))
                 return
-            self.driver.adopt(conn)
+            self.driver.adopt(conn, self.tls)
 
     def close(self) -> None:
         self.driver.selector.unregister(self.sock)
@@ -229,6 +346,9 @@ class Driver:
         self._wakeup = _Wakeup(self)
         self.selector.register(self._wakeup.read_fd, selectors.EVENT_READ, self._wakeup)
         self._stopped = False
+        # What accepted connections are authenticated against; None only where
+        # no client ever connects (unit tests of the layers above).
+        self.security: ServerSecurity | None = None
         self.schedule(TICK_INTERVAL, self._tick)
 
     # -- registration ----------------------------------------------------------
@@ -263,35 +383,35 @@ class Driver:
 
     # -- sockets -----------------------------------------------------------------
 
-    def listen(self, host: str, port: int) -> _Listener:
+    def listen(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> _Listener:
         sock = socket.create_server((host, port), reuse_port=False, backlog=128)
         sock.setblocking(False)
-        listener = _Listener(self, sock)
+        listener = _Listener(self, sock, tls)
         self.selector.register(sock, selectors.EVENT_READ, listener)
         return listener
 
-    def adopt(self, sock: socket.socket) -> Socket:
-        """Serve an accepted socket."""
+    def adopt(self, sock: socket.socket, tls: ssl.SSLContext | None = None) -> Socket:
+        """Serve an accepted socket: TLS if its listener has it, then SASL, then AMQP."""
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         connection = Connection()
         connection.collect(self.collector)
-        transport = Transport(Transport.SERVER)
+        transport = Transport(Transport.SERVER)  # told nothing of SASL: the pipe does it
         transport.bind(connection)
-        return self._add(Socket(self, sock, transport, connection))
+        pipe = self.security.pipe(tls) if self.security is not None else None
+        return self._add(Socket(self, sock, transport, connection, pipe))
 
-    def connect(self, host: str, port: int, connection: Connection, handler: Any) -> Socket:
-        """Open an outgoing connection (SASL ANONYMOUS); ``handler`` gets its events."""
+    def connect(self, host: str, port: int, connection: Connection, handler: Any,
+                security: ClientSecurity | None = None) -> Socket:
+        """Open an outgoing connection (TLS and SASL as ``security`` says); ``handler`` gets its events."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         connection.collect(self.collector)
         self.set_handler(connection, handler)
         transport = Transport()
-        sasl = transport.sasl()
-        sasl.allowed_mechs("ANONYMOUS")
         transport.bind(connection)
-        wrapped = Socket(self, sock, transport, connection)
+        wrapped = Socket(self, sock, transport, connection, (security or ClientSecurity()).pipe(host))
         wrapped.connecting = True
         try:
             sock.connect((host, port))
@@ -343,9 +463,12 @@ class Driver:
     def _tick(self) -> None:
         now = time.monotonic()
         for wrapped in list(self.sockets.values()):
-            if not wrapped.closed:
-                wrapped.transport.tick(now)
-                self.dirty.add(wrapped)
+            if wrapped.closed:
+                continue
+            if wrapped.pipe is not None and not wrapped.pipe.done and now - wrapped.opened_at > HANDSHAKE_TIMEOUT:
+                wrapped.refuse(f"no TLS and SASL handshake within {HANDSHAKE_TIMEOUT:g} s")
+            wrapped.transport.tick(now)
+            self.dirty.add(wrapped)
         self.schedule(TICK_INTERVAL, self._tick)
 
     # -- the loop --------------------------------------------------------------------

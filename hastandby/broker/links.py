@@ -196,11 +196,13 @@ class IncomingLink:
         max_message_size: int,
         fence: Fence,
         on_fenced: Callable[[Connection], None],
+        may_publish: Callable[[str], None] | None = None,
         window: int = 1000,
     ) -> None:
         self.link = link
         self.fence = fence
         self.on_fenced = on_fenced
+        self.may_publish = may_publish  # the anonymous relay's check of each message's address
         self._impl = link._impl
         self.node = node  # None: anonymous relay, route on each message's 'to'
         self.registry = registry
@@ -260,6 +262,8 @@ class IncomingLink:
             node = registry.lookup(address or "")
             if node is None:
                 raise NotFound(f"no such queue or exchange: {address!r}")
+            if self.may_publish is not None:
+                self.may_publish(node.name)
         registry.deliver(registry.route(node, data), data, completion)
 
     def _accept(self, delivery: Any) -> None:

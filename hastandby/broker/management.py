@@ -11,6 +11,13 @@ Management draft, which qpid-dispatch and Artemis also speak.
 Layers above the core add operations (HA adds PROMOTE, ...) with ``register``
 and may veto changes with ``guards`` (a backup refuses to modify replicated
 objects).
+
+Every request is authorized (``authority.py``) before it runs: CREATE,
+DELETE and PURGE as those actions on the object named, BIND and UNBIND as
+``bind`` on both the exchange and the queue, IDS as ``browse`` of the queue,
+QUERY, STATUS and PING for any authenticated connection, and every operation
+a layer above registers (PROMOTE, REPLICATE, USER-ADD, ACL-RELOAD, ...) as
+``admin`` on the operation's name in lower case.
 """
 
 from __future__ import annotations
@@ -21,7 +28,10 @@ from typing import Any, Callable
 import structlog
 from proton import Condition, Connection, Delivery, Link, Message
 
+from hastandby.security.credentials import Credentials
+
 from . import lineage
+from .authority import Authority, principal_of
 from .errors import BrokerError, InvalidArgument, NotFound
 from .links import close_link, receive_whole
 from .registry import Registry
@@ -31,6 +41,8 @@ ADDRESS = "$management"
 Operation = Callable[["Request"], tuple[int, Any]]
 Guard = Callable[["Request"], None]
 MUTATING = {"CREATE", "DELETE", "BIND", "UNBIND", "PURGE"}
+READ_ONLY = {"QUERY", "STATUS", "PING"}
+ON_OBJECT = {"CREATE": "create", "DELETE": "delete", "PURGE": "purge", "IDS": "browse"}
 IDS_PAGE = 10_000  # messages per IDS reply unless asked for fewer
 IDS_PAGE_MAX = 50_000
 
@@ -63,8 +75,10 @@ class Request:
 class Management:
     """Dispatches management requests to operations on the registry and beyond."""
 
-    def __init__(self, registry: Registry, status: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, registry: Registry, status: Callable[[], dict[str, Any]],
+                 authority: Authority | None = None) -> None:
         self.registry = registry
+        self.authority = authority or Authority(Credentials(), allow_anonymous=True)
         self.guards: list[Guard] = []
         self.query_extras: dict[str, Callable[[], Any]] = {}
         self._operations: dict[str, Operation] = {
@@ -90,6 +104,7 @@ class Management:
             if operation is None:
                 known = ", ".join(sorted(self._operations))
                 raise InvalidArgument(f"unknown operation {request.operation!r}: expected one of {known}")
+            self._authorize(request)
             if request.operation in MUTATING:
                 for guard in self.guards:
                     guard(request)
@@ -108,6 +123,19 @@ class Management:
             properties={"statusCode": code, "statusDescription": description},
             body=body,
         )
+
+    def _authorize(self, request: Request) -> None:
+        operation, principal, check = request.operation, principal_of(request.connection), self.authority.check
+        if operation in READ_ONLY:
+            return
+        if operation in ("BIND", "UNBIND"):
+            exchange, queue, _ = self._binding_fields(request)
+            check(principal, "bind", exchange)
+            check(principal, "bind", queue)
+        elif operation in ON_OBJECT:
+            check(principal, ON_OBJECT[operation], request.name)
+        else:
+            check(principal, "admin", operation.lower())
 
     # -- operations ---------------------------------------------------------------
 

@@ -15,6 +15,8 @@ from typing import Any, Callable
 import structlog
 from proton import Connection, Endpoint, Event
 
+from hastandby.security.pipe import ClientSecurity
+
 from .driver import Driver, Timer
 
 log = structlog.get_logger("hastandby.outbound")
@@ -35,8 +37,10 @@ class Outbound:
         container_id: str = "hastandby",
         idle_timeout: float = 0.0,
         max_delay: float = 1.0,
+        security: ClientSecurity | None = None,
     ) -> None:
         self.driver = driver
+        self.security = security  # how we authenticate to the peer (and TLS); anonymous without
         self.addresses = addresses
         self.owner = owner
         self.properties = properties
@@ -100,7 +104,7 @@ class Outbound:
         if self.properties:
             connection.properties = self.properties
         self.connection = connection
-        socket = self.driver.connect(host, port, connection, self)
+        socket = self.driver.connect(host, port, connection, self, self.security)
         if self.idle_timeout:
             socket.transport.idle_timeout = self.idle_timeout
         connection.open()

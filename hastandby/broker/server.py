@@ -11,6 +11,9 @@ Hooks for the layers above (the core knows nothing of HA):
   (a backup refuses clients).
 - ``attach_hooks``: each may claim an incoming attach before the default
   handling (HA's replicating subscriptions).
+- ``authority`` (``authority.py``): every attach is checked against it
+  (consume, browse, publish, create on an unknown address), as are
+  management requests (in ``management.py``).
 - ``fence`` (``fence.py``): until when producers' messages may be taken and
   acknowledged (HA fencing: a primary unsure of its lease takes and
   acknowledges nothing), and ``fenced(connection)``, which ends a producer's
@@ -36,6 +39,9 @@ from proton import (
     Terminus,
 )
 
+from hastandby.security.sasl import Principal
+
+from .authority import Authority, principal_of
 from .driver import Driver
 from .errors import BrokerError, InvalidArgument, ResourceLocked
 from .exchange import Exchange
@@ -44,7 +50,7 @@ from .links import IncomingLink, OutgoingLink
 from .management import ADDRESS as MANAGEMENT_ADDRESS
 from .management import Management, ManagementLink
 from .queue import Queue
-from .registry import REPLICATE, Registry, queue_settings
+from .registry import REPLICATE, Node, Registry, queue_settings
 
 
 @dataclass(frozen=True)
@@ -119,6 +125,10 @@ class BrokerHandler(Handler):
             Condition("amqp:connection:forced", "this node may not take messages now"))
         self.attach_hooks: list[AttachHook] = []
         self.connections: set[Connection] = set()
+
+    @property
+    def authority(self) -> Authority:
+        return self.management.authority
 
     def fenced(self, connection: Connection) -> None:
         """A producer sent past the fence: end its connection so that it goes to the next node."""
@@ -289,8 +299,20 @@ class BrokerHandler(Handler):
             link.max_message_size = self.max_message_size
         if address == MANAGEMENT_ADDRESS:
             return ManagementLink(link, self.management, self.max_message_size)
-        node = self.registry.resolve(address) if address else None
-        return IncomingLink(link, node, self.registry, self.max_message_size, self.fence, self.fenced)
+        principal = principal_of(link.connection)
+        if address:
+            node = self._resolve(principal, address, "publish")
+            return IncomingLink(link, node, self.registry, self.max_message_size, self.fence, self.fenced)
+        # The anonymous relay: each message's own address is checked (a call per message, on relay links only).
+        return IncomingLink(link, None, self.registry, self.max_message_size, self.fence, self.fenced,
+                            lambda name: self.authority.check(principal, "publish", name))
+
+    def _resolve(self, principal: Principal, address: str, action: str) -> Node:
+        """The node an attach names, checking ``action`` on it (and ``create`` if it is new)."""
+        if self.registry.lookup(address) is None:
+            self.authority.check(principal, "create", address)
+        self.authority.check(principal, action, address)
+        return self.registry.resolve(address)
 
     def _attach_outgoing(self, link: Link) -> OutgoingLink:
         source = link.remote_source
@@ -299,8 +321,8 @@ class BrokerHandler(Handler):
         address = source.address
         if not address:
             raise InvalidArgument("a receiver needs a source address (or a dynamic source)")
-        node = self.registry.resolve(address)
         browsing = source.distribution_mode == Terminus.DIST_MODE_COPY
+        node = self._resolve(principal_of(link.connection), address, "browse" if browsing else "consume")
         if isinstance(node, Exchange):
             node = self._subscribe(node, link)
             browsing = False

@@ -19,6 +19,7 @@ from hastandby.broker.driver import Driver, Timer
 from hastandby.broker.outbound import Address, Outbound
 from hastandby.broker.queue import Queue
 from hastandby.broker.registry import Registry
+from hastandby.security.pipe import ClientSecurity
 from hastandby.wiring.reconcile import WiringReplica
 
 from .protocol import BACKUP_PROPERTY, LINEAGE_PROPERTY, WIRING_ADDRESS, receive_control
@@ -66,6 +67,7 @@ class BackupReplication:
         on_connected: Callable[[int, dict[str, Any]], None],
         on_members: Callable[[int, list[dict[str, Any]]], None],
         on_lost: Callable[[str], None],
+        security: ClientSecurity | None = None,
     ) -> None:
         self.registry = registry
         self.driver = driver
@@ -84,6 +86,7 @@ class BackupReplication:
         self._progress_timer: Timer | None = None
         self.outbound = Outbound(
             driver, addresses, self, properties=None, container_id=container_id, idle_timeout=heartbeat,
+            security=security,
         )
 
     def start(self) -> None:

@@ -323,11 +323,19 @@ class PrimaryReplication:
 
     def _attach_wiring(self, link: Link, backup: RemoteBackup) -> WiringLink:
         if backup.wiring is not None:  # a reconnect before we saw the old one go
-            # Closing it forgets that RemoteBackup (see ``disconnected``): go on
+            # The old connection goes whole: its browsers would go on taking
+            # the backup's messages into a connection nobody reads.  Closing
+            # the wiring forgets that RemoteBackup (see ``disconnected``): go on
             # with a fresh one that is in ``self.backups``, or this connection
             # and its browsers (which look the backup up again) would use two
             # different objects, and the backup would never become ready.
-            backup.wiring.close()
+            old = backup.wiring
+            log.info("backup reconnected: its old connection is closed", backup=backup.node_id)
+            old.close()
+            transport = old.link.connection.transport
+            if transport is not None:
+                transport.close_tail()
+                transport.close_head()
             backup = self._backup({"node_id": backup.node_id, "url": backup.url})
         backup.connected = True
         backup.state = "catchup"

@@ -53,6 +53,7 @@ from hastandby.browser.protocol import (
     encode_control,
 )
 from hastandby.node import split_hostport
+from hastandby.security.pipe import ClientSecurity
 
 from .config import ReplicationConfig
 from .protocol import (
@@ -90,6 +91,7 @@ class ReplicaLink:
         me: dict[str, Any],
         save: Callable[[ReplicationConfig], None],
         heartbeat: float = 2.0,
+        security: ClientSecurity | None = None,
     ) -> None:
         self.config = config
         self.registry = registry
@@ -114,7 +116,8 @@ class ReplicaLink:
         self.error: str | None = None
         self._addresses: list[Address] = [split_hostport(a) for a in config.addresses()]
         self.outbound = Outbound(driver, lambda: self._addresses, self, properties={REPLICA_PROPERTY: me},
-                                 container_id=f"hastandby-dr-{config.key}", idle_timeout=heartbeat, max_delay=2.0)
+                                 container_id=f"hastandby-dr-{config.key}", idle_timeout=heartbeat, max_delay=2.0,
+                                 security=security)
 
     @property
     def queue_name(self) -> str:

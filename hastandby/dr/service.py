@@ -54,7 +54,7 @@ class DisasterRecovery:
         self.url = url
         self.heartbeat = heartbeat
         self.serving = False
-        self.source = DrSource(node.registry, node.driver)
+        self.source = DrSource(node.registry, node.driver, node.authority)
         self.replicas: dict[str, ReplicaLink] = {}
         node.handler.attach_hooks.append(self._attach)
         node.management.register("REPLICATE", self._replicate)
@@ -108,7 +108,8 @@ class DisasterRecovery:
             registry.declare_queue(config.queue)
             log.info("replica queue recreated", queue=config.queue, source=config.source)
         replica = ReplicaLink(config, registry, self.node.driver, self.node.handler.fence,
-                              {"node_id": self.node.node_id, "url": self.url}, self._save_quietly, self.heartbeat)
+                              {"node_id": self.node.node_id, "url": self.url}, self._save_quietly, self.heartbeat,
+                              self.node.peer_security)
         self.replicas[config.queue] = replica
         registry.read_only[config.queue] = (
             f"queue {config.queue!r} is a DR replica of {config.source} ({config.mode} mode): "

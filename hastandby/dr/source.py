@@ -28,6 +28,7 @@ from cproton import lib
 from proton import Connection, Link
 
 from hastandby.broker import lineage
+from hastandby.broker.authority import Authority, principal_of
 from hastandby.broker.completion import Completion
 from hastandby.broker.driver import Driver, Timer
 from hastandby.broker.errors import InvalidArgument, NotAllowed, NotFound
@@ -86,10 +87,12 @@ def replica_info(connection: Connection) -> dict[str, Any] | None:
     return plain(info) if isinstance(info, dict) else None
 
 
-def _is_peer(connection: Connection) -> bool:
-    """An HA backup (it replicates taps like any queue) or an admin (who may inspect them)."""
+def _is_peer(connection: Connection, authority: Authority) -> bool:
+    """An HA backup (admitted as one: it replicates taps like any queue) or an admin (who may inspect them)."""
     properties = connection.remote_properties or {}
-    return BACKUP_PROPERTY in properties or bool(properties.get(ADMIN_PROPERTY))
+    if BACKUP_PROPERTY in properties:
+        return True
+    return bool(properties.get(ADMIN_PROPERTY)) and authority.is_admin(principal_of(connection))
 
 
 class Arrivals:
@@ -391,9 +394,10 @@ class AckReceiver:
 class DrSource:
     """Everything this node does for the replicas that pull from it."""
 
-    def __init__(self, registry: Registry, driver: Driver) -> None:
+    def __init__(self, registry: Registry, driver: Driver, authority: Authority) -> None:
         self.registry = registry
         self.driver = driver
+        self.authority = authority
         self.active = False
         self.feeders: dict[str, TapFeeder] = {}
         self.links: list[FullSourceLink | TapLink] = []
@@ -419,10 +423,13 @@ class DrSource:
         terminus = link.remote_source if link.is_sender else link.remote_target
         address = terminus.address or ""
         info = replica_info(link.connection)
+        if info is not None and not self.authority.is_cluster(principal_of(link.connection)):
+            user = principal_of(link.connection).user
+            raise NotAllowed(f"user {user!r} is not in group 'cluster': it may not act as a DR replica")
         if info is not None and not link.is_sender and address == ACK_ADDRESS:
             return AckReceiver(link, self._endpoint_for)
         if info is None or not link.is_sender or str(MODE_PROPERTY) not in properties:
-            if address.startswith(TAP_PREFIX) and not _is_peer(link.connection):
+            if address.startswith(TAP_PREFIX) and not _is_peer(link.connection, self.authority):
                 raise NotAllowed(f"{address!r} is the backlog of a DR replication, not a client queue")
             return None
         if not self.active:

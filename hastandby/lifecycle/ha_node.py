@@ -32,7 +32,8 @@ from hastandby.broker.server import Refusal
 from hastandby.browser.backup import BackupReplication
 from hastandby.browser.primary import PrimaryReplication, backup_info
 from hastandby.browser.protocol import ADMIN_PROPERTY
-from hastandby.client import ManagementClient, ManagementError
+from hastandby.broker.authority import principal_of
+from hastandby.client import Login, ManagementClient, ManagementError
 from hastandby.node import Node, split_hostport
 
 from .cluster import Leader
@@ -86,7 +87,7 @@ class HaNode:
         self.status: NodeStatus = initial_status(clustered=True)
         self.halted: str | None = None
         self.admitting = False
-        host, port = split_hostport(config.public_url or node.config.listen)
+        host, port = split_hostport(config.public_url or node.config.peer_address)
         self.url = f"{host}:{port}"
         self.addresses: list[Address] = [split_hostport(b) for b in config.brokers]
         self.members: list[dict[str, Any]] = []
@@ -104,6 +105,7 @@ class HaNode:
             on_connected=self._connected,
             on_members=self._members,
             on_lost=self._lost,
+            security=node.peer_security,
         )
         node.state = str(self.status.state)
         node.handler.admission = self._admit
@@ -164,7 +166,8 @@ class HaNode:
 
     def _other_addresses(self) -> list[Address]:
         """Where to look for the primary: etcd's leader if known, else the brokers URL."""
-        own = {split_hostport(self.url), split_hostport(self.node.config.listen)}
+        listeners = [a for a in (self.node.config.listen, self.node.config.listen_tls) if a]
+        own = {split_hostport(self.url), *(split_hostport(a) for a in listeners)}
         if self.leader is not None and self.leader.node_id != self.node.node_id:
             return [split_hostport(self.leader.url)]
         return [address for address in self.addresses if address not in own]
@@ -263,7 +266,7 @@ class HaNode:
     def _close_clients(self) -> None:
         refusal = self._refusal()
         for connection in list(self.node.handler.connections):
-            if not _is_admin(connection) and backup_info(connection) is None:
+            if not self._is_admin(connection) and backup_info(connection) is None:
                 self.node.handler.close_connection(connection, refusal)
 
     # -- backup side -----------------------------------------------------------------
@@ -376,14 +379,28 @@ class HaNode:
         """A connecting node may only be promoted if no reachable node is past connecting."""
         for host, port in self._other_addresses():
             try:
-                with ManagementClient(f"{host}:{port}", timeout=1.0) as client:
+                with ManagementClient(f"{host}:{port}", timeout=1.0, login=self._peer_login()) as client:
                     state = client.request("STATUS").get("state")
             except ManagementError:
                 continue  # unreachable nodes hold nothing we could lose
             if state != "connecting":
                 raise NotPromotable(f"{host}:{port} is {state}: promote a backup, not a connecting node")
 
+    def _peer_login(self) -> Login:
+        config = self.node.config
+        tls = config.tls
+        return Login(config.peer_user, config.peer_password, str(tls.ca_file) if tls.ca_file else None,
+                     str(tls.cert_file) if tls.cert_file else None, str(tls.key_file) if tls.key_file else None,
+                     tls=config.peer_tls)
+
     # -- broker hooks --------------------------------------------------------------------------
+
+    def _is_admin(self, connection: Connection) -> bool:
+        """An admin connection (it may inspect a backup): it says so, and its user is an admin or a peer node."""
+        if not (connection.remote_properties or {}).get(ADMIN_PROPERTY):
+            return False
+        principal, authority = principal_of(connection), self.node.authority
+        return authority.is_admin(principal) or authority.is_cluster(principal)
 
     def _refusal(self) -> Refusal:
         """How a client is turned away: redirect (if asked and known), forced close, or abort (default)."""
@@ -398,10 +415,16 @@ class HaNode:
         return Refusal(condition, abort=self.config.client_refusal == "abort")
 
     def _admit(self, connection: Connection) -> Refusal | None:
-        if _is_admin(connection):
+        if self._is_admin(connection):
             return None
         info = backup_info(connection)
         if info is not None:
+            principal = principal_of(connection)
+            if not self.node.authority.is_cluster(principal):
+                log.warning("denied", user=principal.user, action="act as a backup", object=self.url)
+                return Refusal(Condition("amqp:unauthorized-access",
+                                         f"user {principal.user!r} is not in group 'cluster': "
+                                         "it may not act as a backup"))
             if info.get("node_id") == self.node.node_id:
                 return Refusal(Condition("amqp:connection:forced", "a node does not replicate from itself"))
             if self.is_primary:
@@ -414,7 +437,7 @@ class HaNode:
             endpoint = self.primary.attach(link)
             if endpoint is not None:
                 return endpoint
-        if not self.is_primary and _is_admin(link.connection):
+        if not self.is_primary and self._is_admin(link.connection):
             self._check_admin_link(link)
         return None
 
@@ -459,15 +482,20 @@ class HaNode:
     # -- reporting ----------------------------------------------------------------------------
 
     def _status(self) -> dict[str, Any]:
+        primary = self.url if self.is_primary else (self.backup.primary or {}).get("url")
         return {
             "state": str(self.status.state),
             "detail": str(self.status.detail) if self.status.detail else None,
             "term": self.status.term,
-            "primary": self.url if self.is_primary else (self.backup.primary or {}).get("url"),
-            "brokers": self._member_addresses(),
+            "primary": self._reachable(primary) if primary else None,
+            "brokers": [self._reachable(a) for a in self._member_addresses()],
             "halted": self.halted,
             "etcd": self.config.etcd,
         }
+
+    def _reachable(self, address: str) -> str:
+        """A member's HOST:PORT as tools must dial it: ``amqps://`` when the members speak TLS."""
+        return f"amqps://{address}" if self.node.config.peer_tls else address
 
     def _member_addresses(self) -> list[str]:
         """Every member's HOST:PORT: the brokers URL, or etcd's member keys without one."""
@@ -482,14 +510,10 @@ class HaNode:
         return {
             "state": str(self.status.state),
             "term": self.status.term,
-            "members": members,
+            "members": [dict(m, url=self._reachable(str(m.get("url", "")))) for m in members],
             "lag": self.primary.lag() if self.primary is not None else {},
         }
 
-
-def _is_admin(connection: Connection) -> bool:
-    properties = connection.remote_properties or {}
-    return bool(properties.get(ADMIN_PROPERTY))
 
 
 def _level(node: Any) -> str:

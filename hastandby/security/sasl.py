@@ -1,0 +1,392 @@
+"""The AMQP 1.0 SASL layer (spec part 5.3), both ends, as byte-in/byte-out state machines.
+
+Why our own: the python-qpid-proton wheel is built without Cyrus SASL, so its
+server side offers only ANONYMOUS and EXTERNAL, and Cyrus's sasldb would keep
+passwords in clear anyway.  The node's driver puts this layer between the
+socket (or TLS) and a proton transport that is told nothing of SASL: the
+layer answers the SASL header and frames itself and, once the outcome is
+``ok``, hands every following byte (the AMQP header onwards) to proton
+unchanged.  Our outgoing connections (a backup to its primary, a DR replica
+to its source) use ``SaslClient`` the same way.
+
+Mechanisms offered by the server: SCRAM-SHA-256 and PLAIN against the
+node's users (``credentials.py``), EXTERNAL when the TLS peer presented a
+verified certificate, and ANONYMOUS only when anonymous access is allowed.
+No I/O and no clock here: the driver bounds the time a handshake may take.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from proton import UNDESCRIBED, Array, Data, Described, symbol, ubyte, ulong
+
+from .scram import MECHANISM as SCRAM, ScramClient, ScramError, ScramServer, Secret
+
+SASL_HEADER = b"AMQP\x03\x01\x00\x00"
+AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
+TLS_HEADER = b"AMQP\x02\x01\x00\x00"
+MAX_FRAME = 64 * 1024  # a SASL frame carries a few hundred bytes; this bounds a misbehaving peer
+
+MECHANISMS, INIT, CHALLENGE, RESPONSE, OUTCOME = 0x40, 0x41, 0x42, 0x43, 0x44
+OK, AUTH, SYS = 0, 1, 2
+
+
+class SaslError(Exception):
+    """The handshake failed; the message says why, for the log (the peer gets an outcome code)."""
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a connection authenticated as, and how."""
+
+    user: str
+    mechanism: str
+
+    @property
+    def anonymous(self) -> bool:
+        return self.mechanism == "ANONYMOUS"
+
+
+ANONYMOUS = Principal("anonymous", "ANONYMOUS")
+
+
+class Users(Protocol):
+    """What the SASL server needs of the credentials store."""
+
+    def secret(self, user: str) -> Secret | None: ...
+
+
+# -- frames -------------------------------------------------------------------------------
+
+
+def encode_frame(code: int, fields: list[Any]) -> bytes:
+    data = Data()
+    data.put_object(Described(ulong(code), fields))
+    body = bytes(data.encode())
+    return struct.pack(">IBBH", 8 + len(body), 2, 1, 0) + body
+
+
+def decode_frames(buffer: bytearray) -> list[tuple[int, list[Any]]]:
+    """Take every complete SASL frame off the front of ``buffer``."""
+    frames = []
+    while len(buffer) >= 8:
+        size, doff, kind, _ = struct.unpack_from(">IBBH", buffer)
+        if kind != 1 or doff < 2 or size < doff * 4:
+            raise SaslError("not a SASL frame (a client speaking something else?)")
+        if size > MAX_FRAME:
+            raise SaslError(f"a SASL frame of {size} bytes is larger than the limit of {MAX_FRAME}")
+        if len(buffer) < size:
+            break
+        body = bytes(buffer[doff * 4:size])
+        del buffer[:size]
+        if not body:
+            continue  # an empty frame: a heartbeat
+        data = Data()
+        try:
+            data.decode(body)
+            value = data.get_object()
+        except Exception as error:  # proton raises its own DataException types
+            raise SaslError(f"undecodable SASL frame: {error}") from None
+        if not isinstance(value, Described) or not isinstance(value.value, list):
+            raise SaslError("a SASL frame must hold a described list")
+        # proton hands binaries out as views into its own buffer: copy them while it lives.
+        frames.append((int(value.descriptor), [bytes(v) if isinstance(v, memoryview) else v for v in value.value]))
+    return frames
+
+
+def _field(fields: list[Any], index: int) -> Any:
+    return fields[index] if index < len(fields) else None
+
+
+def _binary(value: Any) -> bytes:
+    if value is None:
+        return b""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    raise SaslError(f"expected binary, got {type(value).__name__}")
+
+
+# -- the server -----------------------------------------------------------------------------
+
+
+class _Plain:
+    def __init__(self, users: Users) -> None:
+        self.users = users
+        self.user: str | None = None
+
+    def step(self, response: bytes) -> tuple[bytes | None, bool]:
+        try:
+            authzid, user, password = response.decode().split("\0")
+        except ValueError:
+            raise SaslError("a PLAIN response is authzid NUL user NUL password") from None
+        if authzid and authzid != user:
+            raise SaslError(f"user {user!r} may not act as {authzid!r}")
+        secret = self.users.secret(user)
+        if secret is None or not secret.check(password):
+            raise SaslError(f"wrong password for user {user!r}" if secret else f"unknown user {user!r}")
+        self.user = user
+        return None, True
+
+
+class _Scram:
+    def __init__(self, users: Users, decoy_key: bytes) -> None:
+        self.exchange = ScramServer(users.secret, decoy_key)
+
+    @property
+    def user(self) -> str | None:
+        return self.exchange.user
+
+    def step(self, response: bytes) -> tuple[bytes | None, bool]:
+        try:
+            return self.exchange.step(response)
+        except ScramError as error:
+            raise SaslError(str(error)) from None
+
+
+class _External:
+    def __init__(self, subject: str) -> None:
+        self.subject = subject
+        self.user: str | None = None
+
+    def step(self, response: bytes) -> tuple[bytes | None, bool]:
+        authzid = response.decode(errors="replace")
+        if authzid and authzid != self.subject:
+            raise SaslError(f"certificate {self.subject!r} may not act as {authzid!r}")
+        self.user = self.subject
+        return None, True
+
+
+class _Anonymous:
+    user = ANONYMOUS.user
+
+    def step(self, response: bytes) -> tuple[bytes | None, bool]:
+        return None, True
+
+
+class SaslServer:
+    """The server's side of one connection's SASL handshake.
+
+    Feed it the peer's bytes with ``receive``; send ``take_output()``; once
+    ``done``, ``receive`` returns the bytes that follow the handshake (for
+    the AMQP engine) and ``principal`` says who the peer is.  ``failed``
+    holds the reason when it did not work (the peer was sent an outcome,
+    where a frame could be sent; close after flushing).
+    """
+
+    def __init__(self, users: Users, decoy_key: bytes, allow_anonymous: bool,
+                 certificate_subject: str | None = None) -> None:
+        self._users = users
+        self._decoy_key = decoy_key
+        self._allow_anonymous = allow_anonymous
+        self._subject = certificate_subject
+        self._buffer = bytearray()
+        self._output = bytearray()
+        self._state = "header"
+        self._mechanism: Any = None
+        self._mechanism_name = ""
+        self.principal: Principal | None = None
+        self.failed: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._state == "done"
+
+    def mechanisms(self) -> list[str]:
+        offered = [SCRAM, "PLAIN"]
+        if self._subject:
+            offered.append("EXTERNAL")
+        if self._allow_anonymous:
+            offered.append("ANONYMOUS")
+        return offered
+
+    def take_output(self) -> bytes:
+        output, self._output = bytes(self._output), bytearray()
+        return output
+
+    def receive(self, data: bytes) -> bytes:
+        """The peer's bytes; returns what follows a finished handshake (else nothing)."""
+        if self._state == "done":
+            return data
+        if self._state == "failed":
+            return b""
+        self._buffer += data
+        try:
+            self._advance()
+        except SaslError as error:
+            self._fail(str(error))
+            return b""
+        if self._state == "done":
+            rest, self._buffer = bytes(self._buffer), bytearray()
+            return rest
+        return b""
+
+    def _advance(self) -> None:
+        if self._state == "header":
+            if len(self._buffer) < 8:
+                if not SASL_HEADER.startswith(bytes(self._buffer[:8])) and not AMQP_HEADER.startswith(
+                        bytes(self._buffer[:8])):
+                    self._refuse_header()
+                return
+            header = bytes(self._buffer[:8])
+            if header == AMQP_HEADER and self._allow_anonymous:
+                self.principal = ANONYMOUS  # no SASL layer at all: anonymous by definition
+                self._state = "done"
+                return
+            if header != SASL_HEADER:
+                self._refuse_header()
+            del self._buffer[:8]
+            self._output += SASL_HEADER
+            mechanisms = [symbol(m) for m in self.mechanisms()]
+            self._output += encode_frame(MECHANISMS, [Array(UNDESCRIBED, Data.SYMBOL, *mechanisms)])
+            self._state = "init"
+        for code, fields in decode_frames(self._buffer):
+            if self._state == "init" and code == INIT:
+                self._init(fields)
+            elif self._state == "response" and code == RESPONSE:
+                self._step(_binary(_field(fields, 0)))
+            else:
+                raise SaslError(f"unexpected SASL frame 0x{code:x} in state {self._state}")
+            if self._state in ("done", "failed"):
+                return
+
+    def _refuse_header(self) -> None:
+        head = bytes(self._buffer[:8])
+        if head.startswith(b"\x16\x03"):
+            raise SaslError("a TLS client on a port without TLS")
+        if head == TLS_HEADER:
+            raise SaslError("the client asks for AMQP's TLS upgrade; connect to the TLS port instead")
+        if head == AMQP_HEADER:
+            raise SaslError("the client skipped SASL, and anonymous access is not allowed")
+        raise SaslError(f"not an AMQP client (it began with {head!r})")
+
+    def _init(self, fields: list[Any]) -> None:
+        name = str(_field(fields, 0) or "")
+        if name not in self.mechanisms():
+            raise SaslError(f"mechanism {name!r} is not offered (offered: {', '.join(self.mechanisms())})")
+        self._mechanism_name = name
+        if name == SCRAM:
+            self._mechanism = _Scram(self._users, self._decoy_key)
+        elif name == "PLAIN":
+            self._mechanism = _Plain(self._users)
+        elif name == "EXTERNAL":
+            self._mechanism = _External(self._subject or "")
+        else:
+            self._mechanism = _Anonymous()
+        self._step(_binary(_field(fields, 1)))
+
+    def _step(self, response: bytes) -> None:
+        challenge, finished = self._mechanism.step(response)
+        if not finished:
+            self._output += encode_frame(CHALLENGE, [challenge or b""])
+            self._state = "response"
+            return
+        self.principal = Principal(str(self._mechanism.user), self._mechanism_name)
+        self._output += encode_frame(OUTCOME, [ubyte(OK), challenge] if challenge else [ubyte(OK)])
+        self._state = "done"
+
+    def _fail(self, reason: str) -> None:
+        if self._state == "header":
+            self._output += SASL_HEADER  # the protocol spoken here, as AMQP asks of a bad header
+        else:
+            self._output += encode_frame(OUTCOME, [ubyte(AUTH)])
+        self._state = "failed"
+        self.failed = reason
+
+
+# -- the client -------------------------------------------------------------------------------
+
+
+class SaslClient:
+    """Our side of a SASL handshake with a peer node (backup -> primary, replica -> source).
+
+    Prefers SCRAM-SHA-256 when it has a password, then PLAIN; EXTERNAL when
+    it has a client certificate and no password; ANONYMOUS otherwise.  Its
+    first output is the SASL header; once ``done``, ``receive`` returns the
+    bytes that follow and the caller sends the AMQP engine's output.
+    """
+
+    def __init__(self, user: str | None = None, password: str | None = None, external: bool = False,
+                 hostname: str | None = None) -> None:
+        self._user, self._password, self._external, self._hostname = user, password, external, hostname
+        self._buffer = bytearray()
+        self._output = bytearray(SASL_HEADER)
+        self._state = "header"
+        self._scram: ScramClient | None = None
+        self.mechanism = ""
+        self.failed: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._state == "done"
+
+    def take_output(self) -> bytes:
+        output, self._output = bytes(self._output), bytearray()
+        return output
+
+    def receive(self, data: bytes) -> bytes:
+        if self._state == "done":
+            return data
+        if self._state == "failed":
+            return b""
+        self._buffer += data
+        try:
+            self._advance()
+        except (SaslError, ScramError, UnicodeDecodeError) as error:
+            self._state, self.failed = "failed", str(error)
+            return b""
+        if self._state == "done":
+            rest, self._buffer = bytes(self._buffer), bytearray()
+            return rest
+        return b""
+
+    def _advance(self) -> None:
+        if self._state == "header":
+            if len(self._buffer) < 8:
+                return
+            if bytes(self._buffer[:8]) != SASL_HEADER:
+                raise SaslError(f"the peer answered {bytes(self._buffer[:8])!r}, not the SASL header")
+            del self._buffer[:8]
+            self._state = "mechanisms"
+        for code, fields in decode_frames(self._buffer):
+            if self._state == "mechanisms" and code == MECHANISMS:
+                self._choose(_field(fields, 0))
+            elif self._state == "running" and code == CHALLENGE:
+                assert self._scram is not None
+                self._output += encode_frame(RESPONSE, [self._scram.final(_binary(_field(fields, 0)))])
+            elif self._state == "running" and code == OUTCOME:
+                self._outcome(fields)
+            else:
+                raise SaslError(f"unexpected SASL frame 0x{code:x} in state {self._state}")
+            if self._state == "done":
+                return
+
+    def _choose(self, offered: Any) -> None:
+        if isinstance(offered, Array):
+            offered = offered.elements
+        names = [str(m) for m in (offered if isinstance(offered, (list, tuple)) else [offered]) if m]
+        if self._password is not None and SCRAM in names:
+            self.mechanism = SCRAM
+            self._scram = ScramClient(self._user or "", self._password)
+            initial = self._scram.first()
+        elif self._password is not None and "PLAIN" in names:
+            self.mechanism, initial = "PLAIN", f"\0{self._user}\0{self._password}".encode()
+        elif self._external and "EXTERNAL" in names:
+            self.mechanism, initial = "EXTERNAL", b""
+        elif self._password is None and "ANONYMOUS" in names:
+            self.mechanism, initial = "ANONYMOUS", b""
+        else:
+            raise SaslError(f"no usable mechanism among those offered: {', '.join(names) or 'none'}")
+        self._output += encode_frame(INIT, [symbol(self.mechanism), initial, self._hostname])
+        self._state = "running"
+
+    def _outcome(self, fields: list[Any]) -> None:
+        code = int(_field(fields, 0) or 0)
+        if code != OK:
+            raise SaslError("authentication failed" if code == AUTH else f"SASL outcome code {code}")
+        if self._scram is not None:
+            self._scram.verify(_binary(_field(fields, 1)))
+        self._state = "done"
+
