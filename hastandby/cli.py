@@ -7,6 +7,7 @@ stderr and a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -680,18 +681,30 @@ def cluster_up(directory: Path, nodes: int, base_port: int, etcd_port: int, leas
         click.echo(f"{name}  amqp://{address}  {node_state}")
     urls = ",".join(f"amqp://{n['address']}" for n in state["nodes"])
     click.echo(f"clients: connect with the URL list {urls}")
+    admin_password = local_cluster.password_file(directory, local_cluster.ADMIN)
+    click.echo(f"user admin (group admin), password in {admin_password}; for the CLI:\n"
+               f"  export HASTANDBY_USER=admin HASTANDBY_PASSWORD_FILE={admin_password}\n"
+               f"  clients: amqp://admin:$(cat {admin_password})@{state['nodes'][0]['address']}, or add users: "
+               f"hastandby user add NAME -b {state['nodes'][0]['address']}")
     if not foreground:
         click.echo(f"stop with: hastandby cluster down --dir {directory}")
         return
-    click.echo("Ctrl-C stops the cluster")
+    click.echo("Ctrl-C (or SIGTERM) stops the cluster")
+    # SIGTERM (timeout, a service manager, a container stop) stops it as Ctrl-C does.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         while True:
             time.sleep(1)
     except KeyboardInterrupt:
         pass
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         local_cluster.down(directory)
         click.echo("cluster stopped")
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
 
 
 @cluster.command("status")
