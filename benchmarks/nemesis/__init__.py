@@ -1,0 +1,30 @@
+"""A Jepsen-style generative fault suite ("nemesis") for the hot-standby cluster.
+
+``python -m benchmarks.nemesis --schedules N [--seed S] [--faults ...] [--fixed all] [--out DIR]``
+(or ``hastandby bench nemesis ...``) runs schedules of overlapping faults
+against etcd and three real nodes in network namespaces, under a workload of
+ordinary proton clients, and checks what came out (``docs/nemesis.md``).
+
+| module | holds |
+|---|---|
+| ``schedule`` | ops and schedules as data: the seeded generator and the fixed schedules (pure) |
+| ``checker`` | the total-queue checker and the replica diff (pure) |
+| ``network`` | namespaces on a bridge; partitions as blackhole routes |
+| ``cluster`` | etcd and the nodes in their namespaces; signals, restarts, promote, status |
+| ``clients`` | the proton producers and consumers (their own process) and their history |
+| ``workload`` | the harness's side of the clients process; the history read back; the final drain |
+| ``replicas`` | browsing the replicas and comparing them |
+| ``executor`` | runs ops against the cluster |
+| ``runner`` | one schedule from start to verdict |
+| ``trace`` | the schedule's failover-format trace |
+| ``command`` | the command line, the table and the summary JSON |
+"""
+
+from __future__ import annotations
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line (imported lazily: the pure modules must not pull in the harness)."""
+    from .command import main as run
+
+    return run(argv)

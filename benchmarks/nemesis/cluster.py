@@ -1,0 +1,291 @@
+"""The cluster under test: a real etcd and three ``hastandby serve`` nodes, each in its own namespace.
+
+The nemesis acts on it only from outside, as an operator or a failing
+machine would: signals to a node's PID (kill -9, SIGSTOP/SIGCONT, SIGTERM),
+starting a node again, ``hastandby promote``, and partitions of the network
+(``network.py``).  What it knows of the nodes' roles it learns as an
+operator does, from ``STATUS`` (what ``hastandby status`` prints), polled by
+one thread per node (``benchmarks.failover.StatusPoller``).
+
+Every process started here is stopped by PID in :meth:`Cluster.stop`
+(SIGCONT first for a frozen one, then SIGTERM, SIGKILL after a grace
+period), which the runner calls in a ``finally``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hastandby.client import ManagementClient
+from tests.support.etcd import EtcdServer
+
+from .._proc import Service, python_env
+from ..failover import StatusPoller
+from ..throughput import REPO_ROOT
+from .network import Host, Network
+
+NODE_PORT = 5672  # every node has a namespace, hence an address, of its own
+LEASE_TTL = 2
+QUEUE = "nemesis"
+START_TIMEOUT = 40.0  # etcd up, one primary, every other node its backup
+STOP_GRACE = 5.0
+PROMOTE_TIMEOUT = 25.0  # `hastandby promote` waits up to 15 s itself
+POLL = 0.05
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not be brought to the state asked for; the message says what was seen."""
+
+
+class NamespacedEtcd(EtcdServer):
+    """``tests.support.etcd.EtcdServer`` run inside a namespace, listening on its bridge address."""
+
+    def __init__(self, host: Host) -> None:
+        super().__init__()
+        self.host = host
+
+    @property
+    def client_url(self) -> str:
+        return f"http://{self.host.address}:{self._client_port}"
+
+    def _command(self) -> list[str]:
+        return self.host.command(*super()._command())
+
+
+@dataclass
+class Node:
+    """One broker node: its namespace, the process now running (if any), and what the nemesis did to it."""
+
+    node_id: str
+    host: Host
+    argv: list[str]
+    log_path: Path
+    poller: StatusPoller
+    service: Service | None = None
+    frozen: bool = False  # SIGSTOPped and not yet resumed
+    down: bool = False  # killed or terminated and not yet started again
+    rejoining: bool = False  # started again and not yet seen as a backup
+
+    @property
+    def address(self) -> str:
+        return f"{self.host.address}:{NODE_PORT}"
+
+    @property
+    def url(self) -> str:
+        return f"amqp://{self.address}"
+
+    @property
+    def status(self) -> dict[str, Any] | None:
+        """The latest STATUS reply (None: no answer: down, frozen or starting)."""
+        return self.poller.latest
+
+    @property
+    def state(self) -> str | None:
+        return self.poller.state()
+
+    @property
+    def running(self) -> bool:
+        return self.service is not None and self.service.running()
+
+    @property
+    def pid(self) -> int | None:
+        return self.service.pid if self.service is not None else None
+
+    def start(self) -> None:
+        self.service = Service(self.node_id, self.argv, self.log_path, cwd=REPO_ROOT, env=python_env())
+        self.down = False
+
+    def signal(self, signum: int) -> None:
+        if self.running:
+            assert self.service is not None
+            os.kill(self.service.pid, signum)
+
+    def stop(self) -> None:
+        """SIGCONT (a stopped process cannot act on SIGTERM), SIGTERM, SIGKILL after the grace period."""
+        if self.service is None:
+            return
+        if self.service.running():
+            try:
+                os.kill(self.service.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        self.service.stop(timeout=STOP_GRACE)
+        self.frozen = False
+
+
+class Cluster:
+    """etcd and the nodes of one schedule, on a network of their own; ``stop()`` always runs."""
+
+    def __init__(self, network: Network, node_ids: list[str], workdir: Path, cluster_name: str) -> None:
+        self.network = network
+        self.workdir = workdir
+        self.cluster_name = cluster_name
+        self.etcd = NamespacedEtcd(network["etcd"])
+        self.nodes: dict[str, Node] = {}
+        brokers = ",".join(f"{network[n].address}:{NODE_PORT}" for n in node_ids)
+        self._node_ids = node_ids
+        self._brokers = brokers
+
+    # -- bringing it up and down ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """etcd, then the nodes; returns once one is primary and the others follow it, with the queue made."""
+        etcd_url = self.etcd.start()
+        for node_id in self._node_ids:
+            host = self.network[node_id]
+            argv = host.command(
+                sys.executable, "-m", "hastandby", "serve", "--listen", f"{host.address}:{NODE_PORT}",
+                "--etcd", etcd_url, "--cluster", self.cluster_name, "--node-id", node_id,
+                "--lease-ttl", str(LEASE_TTL), "--brokers-url", self._brokers, "--log-format", "json")
+            address = f"{host.address}:{NODE_PORT}"
+            node = Node(node_id, host, argv, self.workdir / f"{node_id}.log", StatusPoller(node_id, address))
+            self.nodes[node_id] = node
+            node.start()
+            node.poller.start()
+        primary = self.wait(self.settled, START_TIMEOUT, "one primary and every other node its backup")
+        queues_before = {n.node_id: int((n.status or {}).get("queues") or 0) for n in self.nodes.values()}
+        with ManagementClient(self.nodes[primary].address, timeout=10) as client:
+            client.request("CREATE", "queue", QUEUE, {"arguments": {"qpid.replicate": "all"}})
+        self.wait(lambda: all(int((n.status or {}).get("queues") or 0) > queues_before[n.node_id]
+                              for n in self.nodes.values()), 15.0, f"queue {QUEUE!r} on every node")
+
+    def stop(self) -> None:
+        """Stop every node (backups first: no needless elections) and etcd, by PID."""
+        primaries = {n.node_id for n in self.nodes.values() if n.state == "primary"}
+        for node in self.nodes.values():
+            node.poller.stop()
+        for node in sorted(self.nodes.values(), key=lambda n: n.node_id in primaries):
+            node.stop()
+        self.etcd.stop()
+
+    def keep_etcd_log(self, target: Path) -> None:
+        """Copy etcd's log (its directory goes when it stops)."""
+        path = self.etcd.log_path
+        if path is not None and path.exists():
+            target.write_bytes(path.read_bytes())
+
+    # -- what the operator sees -----------------------------------------------------------------------
+
+    def states(self) -> dict[str, str | None]:
+        return {node_id: node.state for node_id, node in self.nodes.items()}
+
+    def describe(self) -> str:
+        """States and what the nemesis did, for error messages."""
+        parts = []
+        for node in self.nodes.values():
+            marks = [m for m, on in (("frozen", node.frozen), ("down", node.down), ("rejoining", node.rejoining))
+                     if on]
+            parts.append(f"{node.node_id}={node.state}" + (f"({','.join(marks)})" if marks else ""))
+        return " ".join(parts)
+
+    def primary(self, exclude: tuple[str, ...] = ()) -> str | None:
+        """The one node that answers as primary and is neither frozen nor down, if there is exactly one."""
+        found = [n.node_id for n in self.nodes.values()
+                 if n.state == "primary" and not n.frozen and not n.down and n.node_id not in exclude]
+        return found[0] if len(found) == 1 else None
+
+    def backups(self) -> list[str]:
+        """Nodes that answer as caught-up backups (``backup``) of the current primary."""
+        primary = self.primary()
+        if primary is None:
+            return []
+        address = self.nodes[primary].address
+        return [n.node_id for n in self.nodes.values()
+                if n.state == "backup" and (n.status or {}).get("primary") == address]
+
+    def settled(self) -> str | None:
+        """The primary's id if every node not frozen or down is its backup (and none is rejoining)."""
+        primary = self.primary()
+        if primary is None:
+            return None
+        self._note_rejoined()
+        live = [n for n in self.nodes.values() if not n.frozen and not n.down and n.node_id != primary]
+        following = set(self.backups())
+        return primary if all(n.node_id in following for n in live) else None
+
+    def _note_rejoined(self) -> None:
+        for node in self.nodes.values():
+            if node.rejoining and node.state == "backup":
+                node.rejoining = False
+
+    def faulted(self) -> list[str]:
+        """Nodes down, rejoining (not yet backup) or frozen now."""
+        self._note_rejoined()
+        return [n.node_id for n in self.nodes.values() if n.down or n.rejoining or n.frozen]
+
+    def down_or_rejoining(self) -> list[str]:
+        self._note_rejoined()
+        return [n.node_id for n in self.nodes.values() if n.down or n.rejoining]
+
+    def wait(self, check: Callable[[], Any], timeout: float, what: str) -> Any:
+        """Poll ``check`` until truthy (returned); ClusterError after ``timeout`` or if a node died unasked."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for node in self.nodes.values():
+                if not node.down and node.service is not None and not node.service.running():
+                    node.down = True
+                    raise ClusterError(f"{node.node_id} exited by itself: {node.service.log_tail()}")
+            seen = check()
+            if seen:
+                return seen
+            if time.monotonic() >= deadline:
+                raise ClusterError(f"{what}: not within {timeout:g} s ({self.describe()})")
+            time.sleep(POLL)
+
+    # -- what the nemesis does -------------------------------------------------------------------------
+
+    def kill(self, node_id: str) -> int | None:
+        node = self.nodes[node_id]
+        pid = node.pid
+        node.signal(signal.SIGKILL)
+        if node.service is not None:
+            node.service.popen.wait(STOP_GRACE)
+        node.down, node.frozen, node.rejoining = True, False, False
+        return pid
+
+    def terminate(self, node_id: str) -> tuple[int | None, int | None]:
+        """SIGTERM and wait for the exit (a graceful stop); SIGKILL after the grace period. (pid, exit code)"""
+        node = self.nodes[node_id]
+        pid = node.pid
+        node.signal(signal.SIGTERM)
+        code = node.service.stop(timeout=STOP_GRACE) if node.service is not None else None
+        node.down, node.frozen, node.rejoining = True, False, False
+        return pid, code
+
+    def freeze(self, node_id: str) -> int | None:
+        node = self.nodes[node_id]
+        node.signal(signal.SIGSTOP)
+        node.frozen = True
+        return node.pid
+
+    def thaw(self, node_id: str) -> int | None:
+        node = self.nodes[node_id]
+        node.signal(signal.SIGCONT)
+        node.frozen = False
+        return node.pid
+
+    def restart(self, node_id: str) -> int | None:
+        node = self.nodes[node_id]
+        if node.running:
+            raise ClusterError(f"{node_id} is still running")
+        node.start()
+        node.rejoining = True
+        return node.pid
+
+    def promote(self, node_id: str) -> tuple[int, str]:
+        """``hastandby promote -b NODE`` as an operator runs it: (exit code, what it printed)."""
+        command = [sys.executable, "-m", "hastandby", "promote", "-b", self.nodes[node_id].address]
+        try:
+            done = subprocess.run(command, cwd=REPO_ROOT, env=python_env(), capture_output=True, text=True,
+                                  timeout=PROMOTE_TIMEOUT, check=False)
+        except subprocess.TimeoutExpired:
+            return -1, f"no answer within {PROMOTE_TIMEOUT:g} s"
+        return done.returncode, (done.stdout + done.stderr).strip()

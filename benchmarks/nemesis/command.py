@@ -1,0 +1,160 @@
+"""The command line: run random and/or fixed schedules, print a table, write the summary JSON.
+
+Exit code 1 if any schedule lost or conjured a message, showed a replica
+mismatch, could not be completed (no verdict: the cluster did not settle, or
+the drain did not empty the queue), or the run was interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shlex
+import signal
+import sys
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ..failover import _worktree
+from ..throughput import DEFAULT_OUT, host_info
+from .runner import Settings, run_schedule
+from .schedule import FAULT_KINDS, FIXED, Schedule, parse_faults, random_schedule
+
+
+def _faults(text: str) -> tuple[str, ...]:
+    try:
+        return parse_faults(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _fixed(text: str) -> list[str]:
+    names = list(FIXED) if text == "all" else [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in FIXED]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown fixed schedule(s) {unknown}: use {', '.join(FIXED)} or all")
+    return names
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.nemesis",
+                                description="Jepsen-style fault schedules against a hot-standby cluster: etcd and "
+                                            "3 nodes in network namespaces (needs root), ordinary proton clients, "
+                                            "a total-queue checker and replica comparisons.")
+    p.add_argument("--schedules", type=int, default=None,
+                   help="random schedules to run (default 1, or 0 with --fixed)")
+    p.add_argument("--seed", type=int, help="seed of the first random schedule; schedule i uses seed+i "
+                                            "(default: drawn and printed; replay one with --seed S --schedules 1)")
+    p.add_argument("--faults", type=_faults, default=FAULT_KINDS,
+                   help="comma-separated fault kinds random schedules draw from: kill (kill -9), stop (SIGSTOP), "
+                        "term (SIGTERM), promote, etcd (primary cut from etcd), backups (primary cut from its "
+                        "backups), clients (clients cut from the primary); default all")
+    p.add_argument("--fixed", type=_fixed, default=[], metavar="NAMES|all",
+                   help=f"run these fixed schedules first: {', '.join(FIXED)}")
+    p.add_argument("--out", type=Path, help="trace directory (default benchmarks/results/nemesis-traces-<UTC>/)")
+    p.add_argument("--results", type=Path, default=DEFAULT_OUT, help="where the summary JSON goes")
+    p.add_argument("--keep-logs", action="store_true",
+                   help="keep every schedule's node and client logs (default: only those with a problem)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    count = args.schedules if args.schedules is not None else (0 if args.fixed else 1)
+    if count < 0:
+        parser().error("--schedules must not be negative")
+    if os.geteuid() != 0:
+        parser().error("needs root: every node, etcd and the clients run in network namespaces of their own")
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1_000_000)
+    schedules: list[Schedule] = [FIXED[name] for name in args.fixed]
+    schedules += [random_schedule(seed + i, args.faults) for i in range(count)]
+    started = datetime.now(UTC)
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    run_id = f"nemesis-{stamp}"
+    settings = Settings(out=args.out or DEFAULT_OUT / f"nemesis-traces-{stamp}", keep_logs=args.keep_logs)
+    command = shlex.join([sys.executable, "-m", "benchmarks.nemesis", *(sys.argv[1:] if argv is None else argv)])
+    print(f"nemesis: {len(args.fixed)} fixed + {count} random schedules (seeds {seed}..{seed + count - 1}, "
+          f"faults {','.join(args.faults)}); traces in {settings.out}", flush=True)
+    host_at_start, code_at_start = host_info(), _worktree()
+    results: list[dict[str, Any]] = []
+    interrupted = False
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None  # e.g. from `timeout`
+    try:
+        for index, schedule in enumerate(schedules, 1):
+            print(f"[{index}/{len(schedules)}] {schedule.name}: {schedule}", flush=True)
+            result = run_schedule(schedule, run_id, settings)
+            results.append(result)
+            print(_progress(result), flush=True)
+    except KeyboardInterrupt:
+        interrupted = True
+        print("\ninterrupted: the schedule's processes and network were removed; summarising", flush=True)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+    print_table(results)
+    report = {
+        "benchmark": "nemesis",
+        "command": command,
+        "started_utc": started.isoformat(timespec="seconds"),
+        "duration_s": round((datetime.now(UTC) - started).total_seconds(), 1),
+        "interrupted": interrupted,
+        "first_seed": seed,
+        "faults": list(args.faults),
+        "host": host_at_start,
+        "node_code": code_at_start,
+        "traces": str(settings.out),
+        "schedules": results,
+    }
+    if _worktree() != code_at_start or host_info().get("git_commit") != host_at_start.get("git_commit"):
+        report["node_code_changed_during_run"] = True
+        print("WARNING: the node code changed during the run: schedules ran different code", flush=True)
+    args.results.mkdir(parents=True, exist_ok=True)
+    path = args.results / f"nemesis-{stamp}.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nsummary: {path}\ntraces:  {settings.out}", flush=True)
+    return 1 if interrupted or not results or any(not r["ok"] for r in results) else 0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _progress(result: dict[str, Any]) -> str:
+    v = result["verdict"]
+    status = "ok" if result["ok"] else "*** FAILED ***"
+    line = (f"    {status} in {result['duration_s']:.0f} s: acked {v['acknowledged']} lost {v['lost']} "
+            f"unexpected {v['unexpected']} duplicated {v['duplicated']} recovered {v['recovered']}, "
+            f"replica mismatches {result['replica_mismatches']} in {len(result['replica_checks'])} checks")
+    notes = []
+    if result["error"]:
+        notes.append(f"error: {result['error']}")
+    if not result["complete"] and not result["error"]:
+        notes.append(f"drain incomplete: {result['drain']} depth after {result['depth_after_drain']}")
+    if result["lost_ids"]:
+        notes.append(f"lost: {', '.join(result['lost_ids'][:10])}")
+    notes += [f"mismatch after {c['after']}: {'; '.join(c.get('diffs', []))[:300]}"
+              for c in result["replica_checks"] if c.get("mismatches")]
+    notes += [f"skipped {s}" for s in result["skipped_ops"][:5]]
+    notes += [f"node: {p[:200]}" for p in result["node_problems"][:3]]
+    if result["logs"]:
+        notes.append(f"logs: {result['logs']}")
+    return "\n".join([line, *(f"      {n}" for n in notes)])
+
+
+def print_table(results: list[dict[str, Any]]) -> None:
+    print(f"\n{'schedule':<30}{'seed':>8}  {'faults':<52}{'acked':>7}{'lost':>6}{'unexp':>6}{'dup':>6}"
+          f"{'replica':>8}  verdict")
+    for r in results:
+        v = r["verdict"]
+        verdict = "ok" if r["ok"] else ("INVALID" if not r["valid"] else
+                                        "MISMATCH" if r["replica_mismatches"] else "INCOMPLETE")
+        print(f"{r['schedule']:<30}{r['seed'] if r['seed'] is not None else '-':>8}  {','.join(r['faults']):<52}"
+              f"{v['acknowledged']:>7}{v['lost']:>6}{v['unexpected']:>6}{v['duplicated']:>6}"
+              f"{r['replica_mismatches']:>8}  {verdict}")
+    bad = sum(1 for r in results if not r["ok"])
+    print(f"{len(results)} schedules, {bad} with a problem")

@@ -1,0 +1,363 @@
+"""Runs a schedule's ops against a live cluster and records each in the trace.
+
+Roles (``primary``, ``backup``) are resolved when an op runs, from what the
+status pollers see; labels (``@f1``) name the node an earlier op acted on.
+The schedule rules (``schedule.py``) are checked again here, against the
+real cluster rather than the generator's timeline: a node goes down only
+when no other node is down or still rejoining (waiting, bounded, for a
+restarted node to report ``backup``), and a fault is never applied to a node
+already frozen or down.  An op that cannot run is recorded as ``skipped``
+with the reason; one whose wait runs out as ``timeout``.  Neither stops the
+schedule: what happened is in the trace and the final phase still heals,
+drains and checks.  Every wait is bounded, and so is the whole op phase
+(``OPS_BUDGET``): ops left when it is spent are skipped.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .checker import ReplicaDiff
+from .cluster import Cluster, ClusterError
+from .network import Network
+from .replicas import BrowseError, verify_replicas
+from .schedule import (
+    CHECK,
+    CLIENTS_PRIMARY,
+    ELECT_EACH,
+    HEAL,
+    PRIMARY_BACKUPS,
+    PRIMARY_ETCD,
+    PROMOTE,
+    RESTART,
+    SIGCONT,
+    SLEEP,
+    Op,
+)
+from .trace import REPLICA_CHECK, Trace
+from .workload import Workload
+
+OPS_BUDGET = 60.0  # s for all ops of a schedule (the schedules' sleeps add up to at most ~35 s)
+RESOLVE_TIMEOUT = 10.0  # s to wait for a node in the role an op targets
+REJOIN_TIMEOUT = 25.0  # s a kill or SIGTERM waits for a restarted node to be a backup again
+SETTLE_TIMEOUT = 20.0  # s for one primary with every live node its backup, before a check
+QUIET_TIMEOUT = 5.0  # s for the paused load to settle before browsing
+RECHECK = 3.0  # s a replica mismatch may take to go away (a backup applying the last changes)
+PROMOTE_WAIT = 20.0  # s for a promoted node to be primary
+FINAL_SETTLE = 30.0  # s after every fault is undone for the cluster to settle
+
+
+@dataclass
+class Binding:
+    """What an op labelled ``@name`` acted on."""
+
+    node: str | None
+    pairs: list[tuple[str, str]] = field(default_factory=list)  # a partition's cut host pairs
+
+
+class Skip(Exception):
+    """An op cannot run now; the message says why."""
+
+
+class Executor:
+    """Interprets ops; ``checks`` collects every replica comparison."""
+
+    def __init__(self, cluster: Cluster, network: Network, workload: Workload, trace: Trace,
+                 rng: random.Random) -> None:
+        self.cluster = cluster
+        self.network = network
+        self.workload = workload
+        self.trace = trace
+        self.rng = rng
+        self.bindings: dict[str, Binding] = {}
+        self.checks: list[dict[str, Any]] = []
+        self.skipped: list[str] = []
+        self.node_ids = list(cluster.nodes)
+        self.last_op = "start"  # the op a check follows, for its record
+
+    # -- the op phase ---------------------------------------------------------------------------------
+
+    def run(self, ops: tuple[Op, ...]) -> None:
+        deadline = time.monotonic() + OPS_BUDGET
+        for op in ops:
+            if time.monotonic() >= deadline:
+                self._record(op, time.time(), None, f"skipped: the op phase's {OPS_BUDGET:g} s are spent")
+                continue
+            if op.kind == SLEEP:
+                time.sleep(min(op.seconds, max(0.0, deadline - time.monotonic())))
+                continue
+            self.run_op(op)
+
+    def run_op(self, op: Op) -> None:
+        t = time.time()
+        handler = getattr(self, f"_op_{op.kind}")
+        try:
+            node, result, fields = handler(op)
+        except Skip as why:
+            node, result, fields = None, f"skipped: {why}", {}
+        except (ClusterError, BrowseError) as error:
+            node, result, fields = None, f"timeout: {error}", {}
+        self._record(op, t, node, result, **fields)
+
+    def _record(self, op: Op, t: float, node: str | None, result: str, **fields: Any) -> None:
+        if result.startswith("skipped"):
+            self.skipped.append(f"{op}: {result}")
+        self.trace.nemesis(t, op.kind, node, result, time.time(), target=op.target or None, label=op.label or None,
+                           arg=op.arg or None, **fields)
+        if op.kind != CHECK:
+            self.last_op = f"{op} ({node or '-'}: {result})"
+
+    # -- resolving targets ---------------------------------------------------------------------------
+
+    def _resolve(self, target: str) -> str:
+        if target.startswith("@"):
+            binding = self.bindings.get(target[1:])
+            if binding is None or binding.node is None:
+                raise Skip(f"{target} is not bound (the op that binds it did not run)")
+            return binding.node
+        if target in self.node_ids:
+            return target
+        if target == "primary":
+            return self.cluster.wait(self.cluster.primary, RESOLVE_TIMEOUT, "a primary to target")
+        if target == "backup":  # a node reporting `backup`, whether or not its primary is alive
+            def candidates() -> list[str]:
+                faulted = set(self.cluster.faulted())
+                return [n for n, state in self.cluster.states().items() if state == "backup" and n not in faulted]
+
+            return self.rng.choice(sorted(self.cluster.wait(candidates, RESOLVE_TIMEOUT, "a backup to target")))
+        raise ValueError(f"unknown target {target!r}")
+
+    def _bind(self, op: Op, node: str | None, pairs: list[tuple[str, str]] | None = None) -> None:
+        if op.label:
+            self.bindings[op.label] = Binding(node, pairs or [])
+
+    def _healthy(self, node_id: str) -> None:
+        node = self.cluster.nodes[node_id]
+        if node.down:
+            raise Skip(f"{node_id} is down")
+        if node.frozen:
+            raise Skip(f"{node_id} is frozen")
+
+    def _may_go_down(self, node_id: str) -> None:
+        """At most one node down or rejoining at a time: wait (bounded) for the last one to be a backup."""
+        others = lambda: [n for n in self.cluster.down_or_rejoining() if n != node_id]  # noqa: E731
+        try:
+            self.cluster.wait(lambda: not others(), REJOIN_TIMEOUT, "the restarted node to be a backup")
+        except ClusterError:
+            raise Skip(f"{','.join(others())} still down or rejoining") from None
+
+    # -- node faults -------------------------------------------------------------------------------------
+
+    def _op_kill9(self, op: Op) -> tuple[str, str, dict[str, Any]]:
+        node = self._resolve(op.target)
+        self._may_go_down(node)
+        if self.cluster.nodes[node].down:
+            raise Skip(f"{node} is down")
+        pid = self.cluster.kill(node)
+        self._bind(op, node)
+        return node, "ok", {"pid": pid}
+
+    def _op_sigterm(self, op: Op) -> tuple[str, str, dict[str, Any]]:
+        node = self._resolve(op.target)
+        self._healthy(node)
+        self._may_go_down(node)
+        pid, code = self.cluster.terminate(node)
+        self._bind(op, node)
+        return node, "ok", {"pid": pid, "exit_code": code}
+
+    def _op_restart(self, op: Op) -> tuple[str, str, dict[str, Any]]:
+        node = self._resolve(op.target)
+        if not self.cluster.nodes[node].down:
+            raise Skip(f"{node} is not down")
+        return node, "ok", {"pid": self.cluster.restart(node)}
+
+    def _op_sigstop(self, op: Op) -> tuple[str, str, dict[str, Any]]:
+        node = self._resolve(op.target)
+        self._healthy(node)
+        pid = self.cluster.freeze(node)
+        self._bind(op, node)
+        return node, "ok", {"pid": pid}
+
+    def _op_sigcont(self, op: Op) -> tuple[str, str, dict[str, Any]]:
+        node = self._resolve(op.target)
+        if not self.cluster.nodes[node].frozen:
+            raise Skip(f"{node} is not frozen")
+        return node, "ok", {"pid": self.cluster.thaw(node)}
+
+    def _op_promote(self, op: Op) -> tuple[str, str, dict[str, Any]]:
+        node = self._resolve(op.target)
+        self._healthy(node)
+        state = self.cluster.nodes[node].state
+        code, output = self.cluster.promote(node)
+        result = "ok" if code == 0 else f"refused: {output.splitlines()[-1] if output else code}"
+        return node, result, {"state_before": state, "exit_code": code}
+
+    # -- partitions ---------------------------------------------------------------------------------------
+
+    def _op_partition(self, op: Op) -> tuple[str, str, dict[str, Any]]:
+        node = self._resolve(op.target)  # frozen or down is fine: the network does not care
+        if op.arg == PRIMARY_ETCD:
+            pairs = [(node, "etcd")]
+        elif op.arg == PRIMARY_BACKUPS:
+            pairs = [(node, other) for other in self.node_ids if other != node]
+        elif op.arg == CLIENTS_PRIMARY:
+            pairs = [("clients", node)]
+        else:
+            raise ValueError(f"unknown partition {op.arg!r}")
+        self._bind(op, node, self.network.cut(pairs))
+        return node, "ok", {"cut": [list(p) for p in pairs]}
+
+    def _op_heal(self, op: Op) -> tuple[str | None, str, dict[str, Any]]:
+        binding = self.bindings.get(op.target.lstrip("@"))
+        if binding is None or not binding.pairs:
+            raise Skip(f"{op.target} cut nothing")
+        self.network.heal(binding.pairs)
+        healed, binding.pairs = binding.pairs, []
+        return binding.node, "ok", {"healed": [list(p) for p in healed]}
+
+    # -- checks and elections ------------------------------------------------------------------------------
+
+    def _op_check(self, op: Op) -> tuple[str | None, str, dict[str, Any]]:
+        check = self.check(after=self.last_op)
+        return check.get("primary"), check["result"], {}
+
+    def _op_elect_each(self, op: Op) -> tuple[str | None, str, dict[str, Any]]:
+        """Promote each node in the given order, waiting until it is primary, with a check after each."""
+        elected = []
+        for target in op.target.split(","):
+            step = Op(PROMOTE, target=target)
+            t = time.time()
+            node: str | None = None
+            try:
+                node = self._resolve(target)
+                self._healthy(node)
+                self.cluster.wait(lambda n=node: self.cluster.settled() and self.cluster.nodes[n].state in
+                                  ("backup", "primary"), SETTLE_TIMEOUT, f"{node} a backup of a settled cluster")
+                if self.cluster.primary() == node:
+                    result, fields = "ok", {"note": "already primary"}
+                else:
+                    code, output = self.cluster.promote(node)
+                    fields = {"exit_code": code}
+                    result = "ok" if code == 0 else f"refused: {output.splitlines()[-1] if output else code}"
+                if result == "ok":
+                    self.cluster.wait(lambda n=node: self.cluster.primary() == n, PROMOTE_WAIT, f"{node} primary")
+                    elected.append(node)
+            except Skip as why:
+                node, result, fields = None, f"skipped: {why}", {}
+            except ClusterError as error:
+                result, fields = f"timeout: {error}", {}
+            self._record(step, t, node, result, phase=ELECT_EACH, **fields)
+            self.run_op(Op(CHECK))
+        result = "ok" if len(elected) == len(op.target.split(",")) else f"elected {','.join(elected) or 'none'}"
+        return None, result, {"elected": elected}
+
+    def check(self, after: str) -> dict[str, Any]:
+        """Compare replicas once the cluster has settled, with the load paused; one ``replica_check`` line."""
+        t = time.time()
+        check: dict[str, Any] = {"after": after}
+        try:
+            primary = self.cluster.wait(self.cluster.settled, SETTLE_TIMEOUT, "a settled cluster to compare")
+        except ClusterError as error:
+            check.update(result=f"skipped: {error}", mismatches=None)
+            self.checks.append(check)
+            self.trace.line(t, REPLICA_CHECK, **check)
+            return check
+        self.workload.command("pause")
+        try:
+            check["load_quiet"] = self.workload.quiet(QUIET_TIMEOUT)
+            deadline = time.monotonic() + RECHECK
+            attempts = 0
+            while True:
+                attempts += 1
+                backups = {n: self.cluster.nodes[n].address for n in self.cluster.backups()}
+                try:
+                    diffs: list[ReplicaDiff] | None = verify_replicas(self.cluster.nodes[primary].address, backups)
+                    error = None
+                except BrowseError as failed:
+                    diffs, error = None, str(failed)
+                mismatches = None if diffs is None else sum(d.mismatches for d in diffs)
+                if mismatches == 0 or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.5)
+        finally:
+            self.workload.command("resume")
+        check.update(primary=primary, backups=sorted(backups), attempts=attempts, mismatches=mismatches,
+                     result="ok" if mismatches == 0 else (f"error: {error}" if diffs is None else "MISMATCH"))
+        if diffs:
+            check.update(missing=sum(len(d.missing) for d in diffs), differing=sum(len(d.differing) for d in diffs),
+                         extra=sum(len(d.extra) for d in diffs), diffs=[str(d) for d in diffs])
+        self.checks.append(check)
+        self.trace.line(t, REPLICA_CHECK, **check)
+        return check
+
+    # -- the workload's ops ------------------------------------------------------------------------------
+
+    def _op_producer(self, op: Op) -> tuple[None, str, dict[str, Any]]:
+        self.workload.command(f"producer {op.arg} 0")
+        return None, "ok", {}
+
+    def _op_pin(self, op: Op) -> tuple[str, str, dict[str, Any]]:
+        node = self._resolve(op.target)
+        self._healthy(node)
+        self.workload.command(f"pinned {op.arg} {self.cluster.nodes[node].url}")
+        self._bind(op, node)
+        if not self.workload.wait(lambda: bool(self.workload.client(op.arg).get("attached")), RESOLVE_TIMEOUT):
+            return node, f"timeout: {op.arg} not attached to {node}", {}
+        return node, "ok", {}
+
+    def _op_send(self, op: Op) -> tuple[None, str, dict[str, Any]]:
+        self.workload.command(f"send {op.arg} {op.count}")
+        return None, "ok", {"count": op.count}
+
+    def _op_rate(self, op: Op) -> tuple[None, str, dict[str, Any]]:
+        self.workload.command(f"rate {op.arg} {op.count}")
+        return None, "ok", {"rate": op.count}
+
+    def _op_await_acked(self, op: Op) -> tuple[str | None, str, dict[str, Any]]:
+        def acked() -> int:
+            return int(self.workload.client(op.arg).get("acked") or 0)
+
+        ok = self.workload.wait(lambda: acked() >= op.count, op.seconds)
+        status = self.workload.client(op.arg)
+        return None, "ok" if ok else f"timeout: {acked()} of {op.count} acknowledged", {
+            "acked": acked(), "url": status.get("url")}
+
+    def _op_await_primary(self, op: Op) -> tuple[str, str, dict[str, Any]]:
+        avoid = (self._resolve(op.target),) if op.target else ()
+        node = self.cluster.wait(lambda: self.cluster.primary(exclude=avoid), op.seconds,
+                                 f"a primary other than {','.join(avoid)}")
+        self._bind(op, node)
+        return node, "ok", {}
+
+    def _op_await_state(self, op: Op) -> tuple[str, str, dict[str, Any]]:
+        node = self._resolve(op.target)
+        self.cluster.wait(lambda: self.cluster.nodes[node].state == op.arg, op.seconds, f"{node} {op.arg}")
+        return node, "ok", {}
+
+    # -- the final phase -------------------------------------------------------------------------------------
+
+    def undo_everything(self) -> str | None:
+        """Heal, resume and restart whatever is still faulted; wait for the cluster to settle.
+
+        Returns the primary, or None if the cluster did not settle in time.
+        """
+        if self.network.partitioned:
+            t = time.time()
+            cut = self.network.partitioned
+            self.network.heal_all()
+            for binding in self.bindings.values():
+                binding.pairs = []
+            self.trace.nemesis(t, HEAL, None, "ok", time.time(), healed=[list(p) for p in cut], phase="final")
+        for node in self.cluster.nodes.values():
+            if node.frozen:
+                self.run_op(Op(SIGCONT, target=node.node_id))
+            if node.down:
+                self.run_op(Op(RESTART, target=node.node_id))
+        try:
+            return self.cluster.wait(self.cluster.settled, FINAL_SETTLE, "the cluster to settle after the schedule")
+        except ClusterError:
+            return None
+

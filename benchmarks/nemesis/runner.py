@@ -1,0 +1,185 @@
+"""One schedule from start to verdict: network, cluster, workload, ops, final phase, drain, checker, trace.
+
+The phases, each bounded:
+
+1. a network of namespaces, etcd and three nodes; the replicated queue;
+2. the clients process (background load unless the schedule scripts its own);
+3. the schedule's ops (``executor.py``), replica checks among them;
+4. the final phase: heal every partition, resume frozen nodes, restart dead
+   ones, wait for one primary with every other node its backup, compare the
+   replicas once more;
+5. the producers stop (settling what is in doubt, bounded), the consumers
+   close, then a drain through every node's URL until nothing comes for a
+   while, and the queue's depth on the primary afterwards (must be 0: the
+   checker's precondition is a fully drained queue);
+6. the total-queue checker over the history; the trace.
+
+Whatever happens, the ``finally`` stops the clients, every node and etcd by
+PID and deletes the network, in that order.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hastandby.client import ManagementClient, ManagementError
+from spark_analysis import trace_schema as ts
+
+from .checker import QueueVerdict, check_total_queue
+from .cluster import LEASE_TTL, QUEUE, Cluster
+from .executor import Executor
+from .network import Network
+from .schedule import NODE_IDS, Schedule
+from .trace import CHECKER, Trace, add_client_events, add_cluster_events
+from .workload import History, Workload, drain
+
+HOSTS = (*NODE_IDS, "etcd", "clients")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where a run puts its traces, and whether node logs are kept when nothing went wrong."""
+
+    out: Path
+    keep_logs: bool = False
+
+
+def run_schedule(schedule: Schedule, run_id: str, settings: Settings) -> dict[str, Any]:
+    """Run ``schedule`` on a fresh cluster; return its summary (the verdict's figures, checks, errors, paths)."""
+    round_id = f"{run_id}-{schedule.name}"
+    workdir = Path(tempfile.mkdtemp(prefix="nemesis-"))
+    trace = Trace(round_id)
+    started = time.time()
+    error: str | None = None
+    network: Network | None = None
+    cluster: Cluster | None = None
+    workload: Workload | None = None
+    executor: Executor | None = None
+    drained: dict[str, Any] = {}
+    depth_after: int | None = None
+    problems: list[str] = []
+    t_teardown = None
+    try:
+        network = Network(HOSTS)
+        cluster = Cluster(network, list(NODE_IDS), workdir, cluster_name=round_id)
+        cluster.start()
+        workload = Workload(network["clients"], [n.url for n in cluster.nodes.values()], QUEUE, workdir)
+        if schedule.load:
+            workload.start_background()
+        trace.round_start(started, run_id, schedule, list(NODE_IDS), LEASE_TTL,
+                          workload.offered_rate if schedule.load else 0.0, queue=QUEUE, cluster=round_id,
+                          addresses={n.node_id: n.address for n in cluster.nodes.values()})
+        executor = Executor(cluster, network, workload, trace, random.Random(schedule.seed or schedule.name))
+        executor.run(schedule.ops)
+        primary = executor.undo_everything()
+        if primary is None:
+            error = f"the cluster did not settle after the schedule: {cluster.describe()}"
+        else:
+            executor.check(after="final")
+        workload.finish()
+        live = [n.url for n in cluster.nodes.values() if n.running]
+        drained = drain(live, QUEUE, workdir / "drain-history.jsonl")
+        depth_after = _depth(cluster)
+    except Exception as exc:  # noqa: BLE001 - the schedule fails with its error; the run goes on
+        error = f"{type(exc).__name__}: {exc}"
+    finally:  # also on KeyboardInterrupt: every process is stopped by PID, the network deleted
+        t_teardown = time.time()
+        if workload is not None:
+            workload.stop()
+        if cluster is not None:
+            cluster.keep_etcd_log(workdir / "etcd.log")
+            cluster.stop()
+        if network is not None:
+            network.close()
+    if trace.start is None:  # failed before the load started
+        trace.round_start(started, run_id, schedule, list(NODE_IDS), LEASE_TTL, 0.0, queue=QUEUE)
+    history = History.read(workdir / "clients-history.jsonl", workdir / "drain-history.jsonl")
+    crashed = [f"{e['c']}: {e.get('error')}" for e in history.events if e["e"] == "error"]
+    if crashed and error is None:  # a client that cannot run the schedule is a defect of the test
+        error = f"client failed: {'; '.join(crashed[:3])}"
+    if workload is not None and workload.errors and error is None:
+        error = f"clients process: {'; '.join(workload.errors[:3])}"
+    verdict = check_total_queue(history.attempted, history.acknowledged, history.received)
+    checks = executor.checks if executor is not None else []
+    mismatches = sum(c["mismatches"] or 0 for c in checks)
+    if cluster is not None:
+        problems = add_cluster_events(trace, cluster, until=t_teardown)
+        add_client_events(trace, history, started, {n.url: n.node_id for n in cluster.nodes.values()})
+    complete = error is None and bool(drained.get("complete")) and depth_after == 0
+    trace.line(time.time(), CHECKER, **verdict.counts(), replica_mismatches=mismatches,
+               replica_checks=len(checks), drain_complete=complete, lost_ids=sorted(verdict.lost)[:20],
+               unexpected_ids=sorted(verdict.unexpected)[:20])
+    trace.line(time.time(), ts.TALLY, **{ts.SENT: verdict.attempted, ts.ACKNOWLEDGED: verdict.acknowledged,
+                                        ts.RECEIVED: verdict.received, ts.LOST_ACKNOWLEDGED: len(verdict.lost),
+                                        ts.DUPLICATED: verdict.duplicates})
+    path = trace.write(settings.out / f"{round_id}{ts.TRACE_SUFFIX}")
+    result = _summary(schedule, round_id, verdict, checks, mismatches, error, complete, drained, depth_after,
+                      history, problems, executor, started, path)
+    result["logs"] = _keep_logs(result, settings, workdir, round_id)
+    return result
+
+
+def _depth(cluster: Cluster) -> int | None:
+    """The queue's depth on the primary after the drain (None if there is no primary to ask)."""
+    primary = cluster.primary()
+    if primary is None:
+        return None
+    try:
+        with ManagementClient(cluster.nodes[primary].address, timeout=5) as client:
+            queues = client.request("QUERY")["queues"]
+    except ManagementError:
+        return None
+    return next((int(q["depth"]) for q in queues if q["name"] == QUEUE), None)
+
+
+def _summary(schedule: Schedule, round_id: str, verdict: QueueVerdict, checks: list[dict[str, Any]],
+             mismatches: int, error: str | None, complete: bool, drained: dict[str, Any], depth_after: int | None,
+             history: History, problems: list[str], executor: Executor | None, started: float,
+             trace_path: Path) -> dict[str, Any]:
+    ok = verdict.valid and mismatches == 0 and complete
+    return {
+        "schedule": schedule.name,
+        "seed": schedule.seed,
+        "round": round_id,
+        "faults": list(schedule.faults),
+        "ops": [str(op) for op in schedule.ops],
+        "ok": ok,
+        "valid": verdict.valid,
+        "verdict": verdict.counts(),
+        "verdict_text": str(verdict),
+        "lost_ids": sorted(verdict.lost)[:50],
+        "unexpected_ids": sorted(verdict.unexpected)[:50],
+        "replica_mismatches": mismatches,
+        "replica_checks": checks,
+        "complete": complete,
+        "drain": drained,
+        "depth_after_drain": depth_after,
+        "error": error,
+        "skipped_ops": executor.skipped if executor is not None else [],
+        "client_events": {kind: history.count(kind) for kind in
+                          ("in_doubt", "rejected", "released", "empty", "undecodable", "error", "link_error")},
+        "node_problems": problems[:20],
+        "duration_s": round(time.time() - started, 1),
+        "trace": str(trace_path),
+    }
+
+
+def _keep_logs(result: dict[str, Any], settings: Settings, workdir: Path, round_id: str) -> str | None:
+    """Copy the node, etcd and client logs next to the traces if the schedule had a problem (or keep_logs)."""
+    try:
+        if result["ok"] and not settings.keep_logs:
+            return None
+        target = settings.out / "logs" / round_id
+        target.mkdir(parents=True, exist_ok=True)
+        for path in workdir.iterdir():
+            if path.is_file():
+                shutil.copy2(path, target / path.name)
+        return str(target)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,213 @@
+"""The harness's side of the workload: the clients process in its namespace, and what it recorded.
+
+``Workload`` starts ``python -m benchmarks.nemesis.clients`` inside the
+clients' namespace (so partitions can cut the clients off a node), sends it
+commands and reads its status lines.  ``History`` reads the JSON-lines
+history back and gives the checker its three multisets.  The final drain
+runs in the harness itself (``drain``), with the same ``Consumer``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._proc import python_env
+from ..throughput import REPO_ROOT
+from .clients import Consumer
+from .clients import History as HistoryWriter
+from .network import Host
+
+PRODUCER_RATE = 25.0  # messages/s per background producer
+PRODUCERS = ("p1", "p2", "p3")
+CONSUMER_RATE = 30.0  # messages/s: slower than the producers, so a backlog builds that a bad replica would lose
+CONSUMERS = ("c1",)
+QUIET = 0.3  # s without a delivery before the load counts as quiet
+FINISH_TIMEOUT = 10.0  # s for producers to settle what is in doubt at the end
+DRAIN_QUIET = 1.5  # s without a delivery before the drain stops
+DRAIN_TIMEOUT = 20.0
+
+
+class WorkloadError(RuntimeError):
+    """The clients process failed or refused a command."""
+
+
+class Workload:
+    """One clients process; ``stop()`` (in a ``finally``) ends it by PID if ``finish()`` did not."""
+
+    def __init__(self, host: Host, urls: list[str], queue: str, workdir: Path) -> None:
+        self.history_path = workdir / "clients-history.jsonl"
+        self.log_path = workdir / "clients.log"
+        self.status: dict[str, dict[str, Any]] = {}
+        self.errors: list[str] = []
+        command = host.command(sys.executable, "-m", "benchmarks.nemesis.clients", "--urls", ",".join(urls),
+                               "--queue", queue, "--history", str(self.history_path))
+        with open(self.log_path, "ab") as log:
+            self.popen = subprocess.Popen(command, cwd=REPO_ROOT, env=python_env(), stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+        self._reader = threading.Thread(target=self._read, name="nemesis-workload-status", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for raw in self.popen.stdout:
+            try:
+                line = json.loads(raw)
+            except ValueError:
+                continue
+            if "error" in line:
+                self.errors.append(str(line["error"]))
+            if isinstance(line.get("status"), dict):
+                self.status = line["status"]
+
+    @property
+    def running(self) -> bool:
+        return self.popen.poll() is None
+
+    def command(self, text: str) -> None:
+        if not self.running:
+            raise WorkloadError(f"the clients process exited ({self.popen.returncode}): {self.log_tail()}")
+        assert self.popen.stdin is not None
+        self.popen.stdin.write((text + "\n").encode())
+        self.popen.stdin.flush()
+
+    def start_background(self) -> None:
+        """The steady load: producers at PRODUCER_RATE each, a consumer at CONSUMER_RATE; a backlog builds."""
+        for name in PRODUCERS:
+            self.command(f"producer {name} {PRODUCER_RATE:g}")
+        for name in CONSUMERS:
+            self.command(f"consumer {name} {CONSUMER_RATE:g}")
+
+    @property
+    def offered_rate(self) -> float:
+        return PRODUCER_RATE * len(PRODUCERS)
+
+    def client(self, name: str) -> dict[str, Any]:
+        return self.status.get(name) or {}
+
+    def wait(self, check: Callable[[], bool], timeout: float) -> bool:
+        """Poll ``check`` until true or ``timeout``; False if the process died."""
+        deadline = time.monotonic() + timeout
+        while self.running and time.monotonic() < deadline:
+            if check():
+                return True
+            time.sleep(0.05)
+        return check()
+
+    def quiet(self, timeout: float) -> bool:
+        """Nothing queued to send, and no client's figures changed for QUIET s (paused load has settled).
+
+        Unchanged rather than zero: a producer pinned to a deposed node may
+        keep messages unsettled for ever, and that must not hold up a check.
+        """
+        def figures() -> dict[str, Any]:
+            return {name: {k: v for k, v in status.items() if k != "idle_s"} for name, status in self.status.items()}
+
+        seen = [figures(), time.monotonic()]
+
+        def still() -> bool:
+            now = figures()
+            if now != seen[0] or any(s.get("pending") for s in now.values()):
+                seen[:] = [now, time.monotonic()]
+                return False
+            return time.monotonic() - seen[1] >= QUIET
+
+        return self.wait(still, timeout)
+
+    def finish(self) -> None:
+        """Producers stop and settle (bounded), consumers close, the process exits; SIGKILL if it does not."""
+        if self.running:
+            self.command(f"finish {FINISH_TIMEOUT:g}")
+            try:
+                self.popen.wait(FINISH_TIMEOUT + 15)
+            except subprocess.TimeoutExpired:
+                self.errors.append("the clients process did not finish in time; killed")
+        self.stop()
+
+    def stop(self) -> None:
+        if self.running:
+            self.popen.kill()
+            self.popen.wait(5)
+        for stream in (self.popen.stdin, self.popen.stdout):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+        self._reader.join(5)
+
+    def log_tail(self, lines: int = 5) -> str:
+        try:
+            return " | ".join(self.log_path.read_text(errors="replace").strip().splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def drain(urls: list[str], queue: str, history_path: Path) -> dict[str, Any]:
+    """Consume ``queue`` through ``urls`` until nothing came for DRAIN_QUIET s (at most DRAIN_TIMEOUT s)."""
+    with open(history_path, "a", encoding="utf-8") as out:
+        consumer = Consumer("drain", urls, queue, HistoryWriter(out))
+        consumer.start()
+        started = time.monotonic()
+        deadline = started + DRAIN_TIMEOUT
+        complete = False
+        while consumer.running and time.monotonic() < deadline:
+            since = consumer.last_received or (started if consumer.attached else time.monotonic())
+            if consumer.attached and time.monotonic() - since >= DRAIN_QUIET:
+                complete = True
+                break
+            time.sleep(0.05)
+        consumer.finish(0)
+        consumer.join(10)
+    return {"received": consumer.received, "complete": complete, "url": consumer.url,
+            "seconds": round(time.monotonic() - started, 3)}
+
+
+@dataclass
+class History:
+    """Every client event of a schedule, read back from the JSON-lines files."""
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, *paths: Path) -> "History":
+        events = []
+        for path in paths:
+            try:
+                text = path.read_text(errors="replace")
+            except OSError:
+                continue
+            for raw in text.splitlines():
+                try:
+                    line = json.loads(raw)
+                except ValueError:
+                    continue  # a line cut off by a killed process
+                if isinstance(line, dict) and "e" in line:
+                    events.append(line)
+        events.sort(key=lambda e: e["t"])
+        return cls(events)
+
+    def ids(self, event: str) -> list[str]:
+        return [e["id"] for e in self.events if e["e"] == event and "id" in e]
+
+    @property
+    def attempted(self) -> list[str]:
+        return self.ids("attempt")
+
+    @property
+    def acknowledged(self) -> list[str]:
+        return self.ids("accepted")
+
+    @property
+    def received(self) -> list[str]:
+        return self.ids("received")
+
+    def count(self, event: str) -> int:
+        return sum(1 for e in self.events if e["e"] == event)
