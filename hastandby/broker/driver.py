@@ -41,7 +41,7 @@ from cproton import (
     ffi,
     lib,
 )
-from proton import Collector, Condition, Connection, Event, Transport
+from proton import Collector, Condition, Connection, Endpoint, Event, Transport
 
 from hastandby.security.pipe import ClientSecurity, Pipe, PipeError, ServerSecurity
 
@@ -613,5 +613,23 @@ class Driver:
         if connection is not None:
             handler = getattr(connection, "hs_handler", None) or handler
         method = getattr(handler, event.type.method, None)
-        if method is not None:
+        if method is None:
+            return
+        try:
             method(event)
+        except Exception as error:  # one peer's event must never stop the node
+            self._contain(event, error)
+
+    @staticmethod
+    def _contain(event: Event, error: Exception) -> None:
+        """A handler failed (on any connection, ours to a peer included): close what the event is about."""
+        condition = Condition("amqp:internal-error", f"{type(error).__name__}: {error}")
+        link, connection = event.link, event.connection
+        log.exception("event handler failed, closing its link or connection", event=event.type.method,
+                      link=link.name if link is not None else None)
+        if link is not None and link.state & Endpoint.LOCAL_ACTIVE:
+            link.condition = condition
+            link.close()
+        elif connection is not None and connection.state & Endpoint.LOCAL_ACTIVE:
+            connection.condition = condition
+            connection.close()

@@ -13,6 +13,8 @@ from typing import Iterator
 
 from proton import Data, Described, uint, ulong
 
+from .errors import BrokerError
+
 HEADER = 0x70  # section descriptor codes (AMQP 1.0 part 3.2)
 PROPERTIES = 0x73
 
@@ -23,20 +25,37 @@ HEADER_PREFIX = b"\x00\x53\x70"
 _EMPTY_LIST = 0x45
 
 _HEADER_FIELDS = 5  # durable, priority, ttl, first-acquirer, delivery-count
+MAX_SECTIONS = 16
+"""Sections examined before the body at most: a well-formed message has five kinds
+there (header, delivery and message annotations, properties, application
+properties); a peer repeating one thousands of times gets an error, not a
+loop over them."""
 
 
-class MalformedMessage(ValueError):
-    """The bytes of a transfer are not a sequence of AMQP message sections."""
+class MalformedMessage(BrokerError, ValueError):
+    """The bytes of a transfer are not a sequence of AMQP message sections: the sender's delivery is rejected."""
+
+    condition = "amqp:decode-error"
+    status = 400
 
 
 def _sections(buf: bytes) -> Iterator[tuple[int, Data]]:
-    """Yield (section code, decoded section) until the bare message body."""
+    """Yield (section code, decoded section), at most MAX_SECTIONS of them.
+
+    Each section is decoded in place from a view of the buffer: copying the
+    rest of the message for every section made a message of many small
+    sections cost time quadratic in its size.
+    """
     view = memoryview(buf)
     pos = 0
+    count = 0
     while pos < len(buf):
+        count += 1
+        if count > MAX_SECTIONS:
+            raise MalformedMessage(f"more than {MAX_SECTIONS} sections before the body")
         data = Data()
         try:
-            used = data.decode(bytes(view[pos:]))
+            used = data.decode(view[pos:])
         except Exception as exc:  # proton raises DataException subclasses
             raise MalformedMessage(f"undecodable section at byte {pos}: {exc}") from exc
         if used <= 0:

@@ -132,10 +132,7 @@ class QueueReplicator:
         self.received += len(ids)
 
     def _dequeue(self, data: bytes) -> None:
-        queue = self.queue
-        for msg_id in decode_dequeues(data):
-            if queue.dequeue(msg_id, "replicated") is not None:
-                self.dequeued += 1
+        self.dequeued += self.queue.dequeue_ranges(decode_dequeues(data).ranges(), "replicated")
 
     def flow(self) -> None:
         pass

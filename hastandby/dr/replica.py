@@ -265,9 +265,7 @@ class ReplicaLink:
             self.remote, self.remote_at = decode_control(data), time.monotonic()
             lib.pn_delivery_settle(delivery)
         elif tag.startswith(DEQUEUE_TAG):
-            queue = self._queue
-            for msg_id in decode_dequeues(data):
-                queue.dequeue(msg_id, "replicated")
+            self._queue.dequeue_ranges(decode_dequeues(data).ranges(), "replicated")
             lib.pn_delivery_settle(delivery)
         else:
             self._enqueue_batch(delivery, data)

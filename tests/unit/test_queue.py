@@ -365,3 +365,12 @@ def test_drop_from_removes_a_diverged_tail_and_tells_observers():
         ("dequeued", 4, "diverged"), ("dequeued", 6, "diverged"), ("dequeued", 7, "diverged")]
     assert queue.next_id == 8  # ids are never given out twice on one node
     assert queue.drop_from(100) == 0
+
+
+def test_dequeue_ranges_work_by_what_is_held_not_by_the_width_of_the_range():
+    queue = Queue("q", QueueSettings())
+    for index in range(1, 11):
+        queue.enqueue(b"m%d" % index)
+    assert queue.dequeue_ranges([(3, 4), (9, 2**62)], "replicated") == 4  # a peer's absurd range: cheap
+    assert queue.ids() == [1, 2, 5, 6, 7, 8]
+    assert queue.dequeue_ranges([(100, 2**62)], "replicated") == 0

@@ -144,3 +144,29 @@ def test_deleting_a_queue_reroutes_to_its_alternate_and_unbinds():
     r.declare_queue("user", alternate_exchange="alt")
     with pytest.raises(NotAllowed, match="alternate exchange"):
         r.delete_exchange("alt")
+
+
+def test_a_message_of_many_sections_is_refused_after_a_few_and_parses_in_linear_time():
+    """A legal-looking 8 MiB message of 64k repeated annotation sections: the old parser copied the
+    rest of the buffer per section (quadratic: minutes); now each is decoded in place, and a peer
+    that repeats a section more than MAX_SECTIONS times gets a decode error after that many."""
+    import time
+
+    from proton import Data, Described, ulong
+
+    from hastandby.broker import sections
+
+    one = Data()
+    one.put_object(Described(ulong(0x72), {}))  # an empty message-annotations section
+    section = bytes(one.encode())
+    timings = {}
+    for count in (16_384, 65_536):
+        message = section * count + bytes(range(100))
+        started = time.perf_counter()
+        with pytest.raises(sections.MalformedMessage, match="more than 16 sections"):
+            sections.subject(message)
+        timings[count] = time.perf_counter() - started
+    print(f"\nworst-case messages refused in {timings}")
+    legal = section * sections.MAX_SECTIONS
+    assert sections.subject(legal) is None  # up to the limit they are read
+    assert sections.MalformedMessage("x").condition == "amqp:decode-error"
