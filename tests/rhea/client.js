@@ -1,0 +1,145 @@
+#!/usr/bin/env node
+// A small rhea client for hastandby's integration tests: send N messages to a
+// queue and wait for each to be accepted, then receive N (accepting each).
+//
+//   node client.js --url amqp://127.0.0.1:5672 --queue q --send 10 --receive 10
+//   node client.js --url amqps://localhost:5671 --ca ca.pem --queue q --send 10
+//   node client.js --url amqps://localhost:5671 --ca ca.pem --cert c.pem --key c.key --receive 1
+//
+// Credentials: --user/--password, or HASTANDBY_USER/HASTANDBY_PASSWORD (rhea
+// then uses SASL PLAIN); no user: SASL ANONYMOUS, or EXTERNAL with a client
+// certificate.  TLS (amqps://): --ca verifies the node's certificate and host
+// name, --cert/--key present a client certificate.  Prints one JSON line
+// {"sent", "accepted", "received", "bodies", "error"} and exits 0, or 1 with
+// "error" set (the peer's condition and description), or 2 on a bad command
+// line.  --timeout (seconds) bounds the whole run.
+'use strict';
+
+const fs = require('fs');
+const rhea = require('rhea');
+
+function parse(argv) {
+  const options = {
+    url: 'amqp://127.0.0.1:5672', queue: 'rhea', send: 0, receive: 0, timeout: 20,
+    user: process.env.HASTANDBY_USER, password: process.env.HASTANDBY_PASSWORD,
+    ca: undefined, cert: undefined, key: undefined, prefix: 'rhea-',
+  };
+  for (let i = 0; i < argv.length; i += 2) {
+    const name = argv[i].replace(/^--/, '');
+    const value = argv[i + 1];
+    if (!(name in options) || value === undefined) {
+      throw new Error(`unknown option or missing value: ${argv[i]}`);
+    }
+    options[name] = ['send', 'receive', 'timeout'].includes(name) ? Number(value) : value;
+  }
+  return options;
+}
+
+function connectOptions(options) {
+  const url = new URL(options.url);
+  const tls = url.protocol === 'amqps:';
+  const connect = {
+    host: url.hostname, port: Number(url.port) || (tls ? 5671 : 5672),
+    reconnect: false, idle_time_out: 0, container_id: `rhea-test-${process.pid}`,
+  };
+  if (options.user) {
+    connect.username = options.user;
+    if (options.password !== undefined) connect.password = options.password;
+  } else if (!options.cert) {
+    connect.username = 'anonymous'; // rhea: a user without a password means SASL ANONYMOUS
+  }
+  if (tls) {
+    connect.transport = 'tls';
+    connect.servername = url.hostname;
+    if (options.ca) connect.ca = [fs.readFileSync(options.ca)];
+    if (options.cert) {
+      connect.cert = fs.readFileSync(options.cert);
+      connect.enable_sasl_external = !options.user; // no user: EXTERNAL, as the certificate's subject
+    }
+    if (options.key) connect.key = fs.readFileSync(options.key);
+    connect.rejectUnauthorized = true;
+  }
+  return connect;
+}
+
+function describe(error) {
+  if (!error) return 'unknown error';
+  if (error.condition || error.description) return `${error.condition || ''}: ${error.description || ''}`.trim();
+  return error.message || String(error);
+}
+
+function run(options) {
+  const result = { sent: 0, accepted: 0, received: 0, bodies: [], error: null };
+  const container = rhea.create_container();
+  let connection;
+  let finished = false;
+
+  const finish = (error) => {
+    if (finished) return;
+    finished = true;
+    if (error) result.error = error;
+    process.stdout.write(JSON.stringify(result) + '\n');
+    const code = result.error ? 1 : 0;
+    if (connection && connection.is_open()) {
+      connection.once('connection_close', () => process.exit(code));
+      connection.close();
+      setTimeout(() => process.exit(code), 2000).unref();
+    } else {
+      process.exit(code);
+    }
+  };
+  setTimeout(() => finish(`timed out after ${options.timeout} s (sent ${result.sent}, ` +
+                          `accepted ${result.accepted}, received ${result.received})`),
+             options.timeout * 1000).unref();
+
+  const startReceiving = () => {
+    if (options.receive <= 0) return finish();
+    const receiver = connection.open_receiver({ source: options.queue, autoaccept: true, credit_window: 0 });
+    receiver.add_credit(options.receive);
+    receiver.on('message', (context) => {
+      result.received += 1;
+      result.bodies.push(context.message.body);
+      if (result.received === options.receive) finish();
+    });
+    receiver.on('receiver_error', (context) => finish(`receiver: ${describe(context.receiver.error)}`));
+  };
+
+  container.on('connection_open', () => {
+    if (options.send <= 0) return startReceiving();
+    const sender = connection.open_sender({ target: options.queue });
+    let next = 0;
+    const pump = () => {
+      while (next < options.send && sender.sendable()) {
+        sender.send({ body: `${options.prefix}${next}` });
+        next += 1;
+        result.sent += 1;
+      }
+    };
+    sender.on('sendable', pump);
+    sender.on('accepted', () => {
+      result.accepted += 1;
+      if (result.accepted === options.send) startReceiving();
+    });
+    sender.on('rejected', (context) => finish(`rejected: ${describe(context.delivery.remote_state &&
+                                                                    context.delivery.remote_state.error)}`));
+    sender.on('released', () => finish('released'));
+    sender.on('sender_error', (context) => finish(`sender: ${describe(context.sender.error)}`));
+  });
+  container.on('connection_error', (context) => finish(`connection: ${describe(context.error ||
+                                                                              context.connection.get_error())}`));
+  container.on('protocol_error', (context) => finish(`protocol: ${describe(context.error || context)}`));
+  container.on('error', (context) => finish(`error: ${describe(context.error || context)}`));
+  container.on('disconnected', (context) => {
+    if (!finished) finish(`disconnected: ${describe(context.error || (context.connection && context.connection.error))}`);
+  });
+  connection = container.connect(connectOptions(options));
+}
+
+let options;
+try {
+  options = parse(process.argv.slice(2));
+} catch (error) {
+  process.stderr.write(`client.js: ${error.message}\n`);
+  process.exit(2);
+}
+run(options);
