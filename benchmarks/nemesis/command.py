@@ -126,15 +126,16 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def _progress(result: dict[str, Any]) -> str:
     v = result["verdict"]
-    status = "ok" if result["ok"] else "*** FAILED ***"
+    status = "ok" if result["ok"] else f"*** {result['status']} ***"
     line = (f"    {status} in {result['duration_s']:.0f} s: acked {v['acknowledged']} lost {v['lost']} "
             f"unexpected {v['unexpected']} duplicated {v['duplicated']} recovered {v['recovered']}, "
             f"replica mismatches {result['replica_mismatches']} in {len(result['replica_checks'])} checks")
     notes = []
     if result["error"]:
         notes.append(f"error: {result['error']}")
-    if not result["complete"] and not result["error"]:
-        notes.append(f"drain incomplete: {result['drain']} depth after {result['depth_after_drain']}")
+    if not result["complete"]:
+        notes.append(f"no verdict (lost counts acknowledged messages not received): drain {result['drain']}, "
+                     f"depth after {result['depth_after_drain']}")
     if result["lost_ids"]:
         notes.append(f"lost: {', '.join(result['lost_ids'][:10])}")
     notes += [f"mismatch after {c['after']}: {'; '.join(c.get('diffs', []))[:300]}"
@@ -151,10 +152,9 @@ def print_table(results: list[dict[str, Any]]) -> None:
           f"{'replica':>8}  verdict")
     for r in results:
         v = r["verdict"]
-        verdict = "ok" if r["ok"] else ("INVALID" if not r["valid"] else
-                                        "MISMATCH" if r["replica_mismatches"] else "INCOMPLETE")
         print(f"{r['schedule']:<30}{r['seed'] if r['seed'] is not None else '-':>8}  {','.join(r['faults']):<52}"
               f"{v['acknowledged']:>7}{v['lost']:>6}{v['unexpected']:>6}{v['duplicated']:>6}"
-              f"{r['replica_mismatches']:>8}  {verdict}")
+              f"{r['replica_mismatches']:>8}  {r['status']}")
     bad = sum(1 for r in results if not r["ok"])
-    print(f"{len(results)} schedules, {bad} with a problem")
+    print(f"{len(results)} schedules, {bad} with a problem (INVALID: lost or unexpected messages; MISMATCH: a "
+          "backup's copy differs; NO VERDICT: not drained, e.g. no primary after the schedule)")

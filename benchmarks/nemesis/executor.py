@@ -47,7 +47,7 @@ SETTLE_TIMEOUT = 20.0  # s for one primary with every live node its backup, befo
 QUIET_TIMEOUT = 5.0  # s for the paused load to settle before browsing
 RECHECK = 3.0  # s a replica mismatch may take to go away (a backup applying the last changes)
 PROMOTE_WAIT = 20.0  # s for a promoted node to be primary
-FINAL_SETTLE = 30.0  # s after every fault is undone for the cluster to settle
+FINAL_SETTLE = 20.0  # s after every fault is undone for the cluster to settle
 
 
 @dataclass
@@ -77,11 +77,13 @@ class Executor:
         self.skipped: list[str] = []
         self.node_ids = list(cluster.nodes)
         self.last_op = "start"  # the op a check follows, for its record
+        self.deadline: float | None = None  # time.monotonic() by which the op phase's waits end
 
     # -- the op phase ---------------------------------------------------------------------------------
 
     def run(self, ops: tuple[Op, ...]) -> None:
-        deadline = time.monotonic() + OPS_BUDGET
+        """The ops in order; every wait in them ends by the op phase's deadline."""
+        self.deadline = deadline = time.monotonic() + OPS_BUDGET
         for op in ops:
             if time.monotonic() >= deadline:
                 self._record(op, time.time(), None, f"skipped: the op phase's {OPS_BUDGET:g} s are spent")
@@ -90,6 +92,13 @@ class Executor:
                 time.sleep(min(op.seconds, max(0.0, deadline - time.monotonic())))
                 continue
             self.run_op(op)
+        self.deadline = None
+
+    def _limit(self, timeout: float) -> float:
+        """``timeout``, cut to what is left of the op phase (at least a moment, so a wait still looks once)."""
+        if self.deadline is None:
+            return timeout
+        return max(0.1, min(timeout, self.deadline - time.monotonic()))
 
     def run_op(self, op: Op) -> None:
         t = time.time()
@@ -121,13 +130,14 @@ class Executor:
         if target in self.node_ids:
             return target
         if target == "primary":
-            return self.cluster.wait(self.cluster.primary, RESOLVE_TIMEOUT, "a primary to target")
+            return self.cluster.wait(self.cluster.primary, self._limit(RESOLVE_TIMEOUT), "a primary to target")
         if target == "backup":  # a node reporting `backup`, whether or not its primary is alive
             def candidates() -> list[str]:
                 faulted = set(self.cluster.faulted())
                 return [n for n, state in self.cluster.states().items() if state == "backup" and n not in faulted]
 
-            return self.rng.choice(sorted(self.cluster.wait(candidates, RESOLVE_TIMEOUT, "a backup to target")))
+            found = self.cluster.wait(candidates, self._limit(RESOLVE_TIMEOUT), "a backup to target")
+            return self.rng.choice(sorted(found))
         raise ValueError(f"unknown target {target!r}")
 
     def _bind(self, op: Op, node: str | None, pairs: list[tuple[str, str]] | None = None) -> None:
@@ -145,7 +155,8 @@ class Executor:
         """At most one node down or rejoining at a time: wait (bounded) for the last one to be a backup."""
         others = lambda: [n for n in self.cluster.down_or_rejoining() if n != node_id]  # noqa: E731
         try:
-            self.cluster.wait(lambda: not others(), REJOIN_TIMEOUT, "the restarted node to be a backup")
+            self.cluster.wait(lambda: not others(), self._limit(REJOIN_TIMEOUT),
+                              "the restarted node to be a backup")
         except ClusterError:
             raise Skip(f"{','.join(others())} still down or rejoining") from None
 
@@ -235,7 +246,8 @@ class Executor:
                 node = self._resolve(target)
                 self._healthy(node)
                 self.cluster.wait(lambda n=node: self.cluster.settled() and self.cluster.nodes[n].state in
-                                  ("backup", "primary"), SETTLE_TIMEOUT, f"{node} a backup of a settled cluster")
+                                  ("backup", "primary"), self._limit(SETTLE_TIMEOUT),
+                                  f"{node} a backup of a settled cluster")
                 if self.cluster.primary() == node:
                     result, fields = "ok", {"note": "already primary"}
                 else:
@@ -243,7 +255,8 @@ class Executor:
                     fields = {"exit_code": code}
                     result = "ok" if code == 0 else f"refused: {output.splitlines()[-1] if output else code}"
                 if result == "ok":
-                    self.cluster.wait(lambda n=node: self.cluster.primary() == n, PROMOTE_WAIT, f"{node} primary")
+                    self.cluster.wait(lambda n=node: self.cluster.primary() == n, self._limit(PROMOTE_WAIT),
+                                      f"{node} primary")
                     elected.append(node)
             except Skip as why:
                 node, result, fields = None, f"skipped: {why}", {}
@@ -259,7 +272,8 @@ class Executor:
         t = time.time()
         check: dict[str, Any] = {"after": after}
         try:
-            primary = self.cluster.wait(self.cluster.settled, SETTLE_TIMEOUT, "a settled cluster to compare")
+            primary = self.cluster.wait(self.cluster.settled, self._limit(SETTLE_TIMEOUT),
+                                         "a settled cluster to compare")
         except ClusterError as error:
             check.update(result=f"skipped: {error}", mismatches=None)
             self.checks.append(check)
@@ -304,7 +318,8 @@ class Executor:
         self._healthy(node)
         self.workload.command(f"pinned {op.arg} {self.cluster.nodes[node].url}")
         self._bind(op, node)
-        if not self.workload.wait(lambda: bool(self.workload.client(op.arg).get("attached")), RESOLVE_TIMEOUT):
+        if not self.workload.wait(lambda: bool(self.workload.client(op.arg).get("attached")),
+                                  self._limit(RESOLVE_TIMEOUT)):
             return node, f"timeout: {op.arg} not attached to {node}", {}
         return node, "ok", {}
 
@@ -320,21 +335,22 @@ class Executor:
         def acked() -> int:
             return int(self.workload.client(op.arg).get("acked") or 0)
 
-        ok = self.workload.wait(lambda: acked() >= op.count, op.seconds)
+        ok = self.workload.wait(lambda: acked() >= op.count, self._limit(op.seconds))
         status = self.workload.client(op.arg)
         return None, "ok" if ok else f"timeout: {acked()} of {op.count} acknowledged", {
             "acked": acked(), "url": status.get("url")}
 
     def _op_await_primary(self, op: Op) -> tuple[str, str, dict[str, Any]]:
         avoid = (self._resolve(op.target),) if op.target else ()
-        node = self.cluster.wait(lambda: self.cluster.primary(exclude=avoid), op.seconds,
+        node = self.cluster.wait(lambda: self.cluster.primary(exclude=avoid), self._limit(op.seconds),
                                  f"a primary other than {','.join(avoid)}")
         self._bind(op, node)
         return node, "ok", {}
 
     def _op_await_state(self, op: Op) -> tuple[str, str, dict[str, Any]]:
         node = self._resolve(op.target)
-        self.cluster.wait(lambda: self.cluster.nodes[node].state == op.arg, op.seconds, f"{node} {op.arg}")
+        self.cluster.wait(lambda: self.cluster.nodes[node].state == op.arg, self._limit(op.seconds),
+                          f"{node} {op.arg}")
         return node, "ok", {}
 
     # -- the final phase -------------------------------------------------------------------------------------

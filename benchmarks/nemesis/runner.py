@@ -83,9 +83,12 @@ def run_schedule(schedule: Schedule, run_id: str, settings: Settings) -> dict[st
         else:
             executor.check(after="final")
         workload.finish()
-        live = [n.url for n in cluster.nodes.values() if n.running]
-        drained = drain(live, QUEUE, workdir / "drain-history.jsonl")
-        depth_after = _depth(cluster)
+        if cluster.primary() is None:  # nothing would answer the drain
+            drained = {"received": 0, "complete": False, "skipped": "no primary"}
+        else:
+            live = [n.url for n in cluster.nodes.values() if n.running]
+            drained = drain(live, QUEUE, workdir / "drain-history.jsonl")
+            depth_after = _depth(cluster)
     except Exception as exc:  # noqa: BLE001 - the schedule fails with its error; the run goes on
         error = f"{type(exc).__name__}: {exc}"
     finally:  # also on KeyboardInterrupt: every process is stopped by PID, the network deleted
@@ -143,6 +146,12 @@ def _summary(schedule: Schedule, round_id: str, verdict: QueueVerdict, checks: l
              history: History, problems: list[str], executor: Executor | None, started: float,
              trace_path: Path) -> dict[str, Any]:
     ok = verdict.valid and mismatches == 0 and complete
+    if not complete:
+        status = "NO VERDICT"  # not drained: the lost figure counts acknowledged messages not received
+    elif not verdict.valid:
+        status = "INVALID"
+    else:
+        status = "MISMATCH" if mismatches else "ok"
     return {
         "schedule": schedule.name,
         "seed": schedule.seed,
@@ -150,6 +159,7 @@ def _summary(schedule: Schedule, round_id: str, verdict: QueueVerdict, checks: l
         "faults": list(schedule.faults),
         "ops": [str(op) for op in schedule.ops],
         "ok": ok,
+        "status": status,
         "valid": verdict.valid,
         "verdict": verdict.counts(),
         "verdict_text": str(verdict),
@@ -157,6 +167,7 @@ def _summary(schedule: Schedule, round_id: str, verdict: QueueVerdict, checks: l
         "unexpected_ids": sorted(verdict.unexpected)[:50],
         "replica_mismatches": mismatches,
         "replica_checks": checks,
+        "mismatched_checks": sum(1 for c in checks if c["mismatches"]),
         "complete": complete,
         "drain": drained,
         "depth_after_drain": depth_after,

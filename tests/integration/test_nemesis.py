@@ -41,7 +41,7 @@ def test_fixed_schedule(name, tmp_path):
               f"{[c.get('diffs') for c in result['replica_checks'] if c.get('mismatches')]}\n"
               f"error {result['error']}; drain {result['drain']}, depth after {result['depth_after_drain']}; "
               f"skipped {result['skipped_ops']}\ntrace {result['trace']}, logs {result['logs']}")
+    assert result["complete"], f"no verdict: {report}"
     assert result["valid"], report
     assert result["replica_mismatches"] == 0, report
-    assert result["complete"], report
     assert result["verdict"]["acknowledged"] > 0, report
