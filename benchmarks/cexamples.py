@@ -23,6 +23,16 @@ upstream example fails the build loudly instead of building something else):
     messages; waiting for the detach makes "exactly N received and settled"
     hold.
 
+Every client (``send``, ``receive`` and both variants) authenticates with
+PLAIN when the environment has ``HASTANDBY_USER`` and ``HASTANDBY_PASSWORD``
+(hastandby nodes require authentication): it sets them on its connection
+before the proactor binds it, and allows PLAIN on a plain port (Debian's
+libqpid-proton is built without Cyrus SASL, so PLAIN is its built-in
+mechanism, which by default it offers only over TLS).  Without those variables
+it connects exactly as the stock example does.  Callers pass them with
+``env=`` (``Client``, ``run_*``, ``start_*``); the caller's own environment
+never supplies them.  ``broker`` stays stock.
+
 Binaries go to a cache directory (default ``benchmarks/.build/``) under a name
 carrying a hash of the patched source, the compiler command and the proton
 headers' version, so they are rebuilt only when one of those changes.
@@ -39,6 +49,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -64,6 +75,27 @@ class Patch:
 
     old: str
     new: str
+
+
+_CREDENTIALS = (
+    Patch("#include <proton/transport.h>\n", "#include <proton/transport.h>\n#include <proton/sasl.h>\n"),
+    Patch(
+        "  pn_proactor_connect2(app.proactor, NULL, NULL, addr);\n",
+        "  {\n"
+        "    /* hastandby: PLAIN with $HASTANDBY_USER and $HASTANDBY_PASSWORD, if both are set */\n"
+        "    pn_connection_t *connection = pn_connection();\n"
+        "    pn_transport_t *transport = pn_transport();\n"
+        '    const char *user = getenv("HASTANDBY_USER"), *password = getenv("HASTANDBY_PASSWORD");\n'
+        "    if (user && *user && password) {\n"
+        "      pn_connection_set_user(connection, user);\n"
+        "      pn_connection_set_password(connection, password);\n"
+        "      pn_sasl_set_allow_insecure_mechs(pn_sasl(transport), true);\n"
+        "    }\n"
+        "    pn_proactor_connect2(app.proactor, connection, transport, addr);\n"
+        "  }\n",
+    ),
+)
+"""Every client: authenticate with PLAIN from the environment (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -126,11 +158,11 @@ _RECEIVE_BENCH = (
 )
 
 PROGRAMS: dict[str, Program] = {
-    "send": Program("send.c"),
-    "receive": Program("receive.c"),
+    "send": Program("send.c", _CREDENTIALS),
+    "receive": Program("receive.c", _CREDENTIALS),
     "broker": Program("broker.c"),
-    "send-bench": Program("send.c", _SEND_BENCH),
-    "receive-bench": Program("receive.c", _RECEIVE_BENCH),
+    "send-bench": Program("send.c", _CREDENTIALS + _SEND_BENCH),
+    "receive-bench": Program("receive.c", _CREDENTIALS + _RECEIVE_BENCH),
 }
 """Every program :func:`build` knows, by name."""
 
@@ -208,14 +240,19 @@ class Client:
     """A started C client; :meth:`wait` collects its result.
 
     Starting and waiting are separate so a sender and a receiver can run
-    concurrently.
+    concurrently.  ``env`` is added to this process's environment: the
+    client's credentials (``HASTANDBY_USER``, ``HASTANDBY_PASSWORD``) come only
+    from it, never from the caller's own environment (a benchmark's shell, a
+    test process's exported admin), so a client without ``env`` connects as the
+    stock example does.
     """
 
-    def __init__(self, argv: list[str]) -> None:
+    def __init__(self, argv: list[str], env: Mapping[str, str] | None = None) -> None:
         self.argv = argv
         self.started = time.monotonic()
         self.process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**_without_credentials(os.environ), **(env or {})},
         )
 
     def wait(self, timeout: float) -> ClientRun:
@@ -235,6 +272,13 @@ class Client:
             self.process.communicate()
 
 
+CREDENTIAL_VARIABLES = ("HASTANDBY_USER", "HASTANDBY_PASSWORD")
+
+
+def _without_credentials(environment: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in environment.items() if k not in CREDENTIAL_VARIABLES}
+
+
 def start_send(
     host: str,
     port: int,
@@ -242,25 +286,27 @@ def start_send(
     count: int,
     body_size: int = DEFAULT_BODY_SIZE,
     build_dir: Path = DEFAULT_BUILD_DIR,
+    env: Mapping[str, str] | None = None,
 ) -> Client:
     """Start ``send-bench``: ``count`` messages with a binary body of ``body_size`` bytes.
 
     It exits 0 after printing "N messages sent and acknowledged" once the
-    broker has accepted every message.
+    broker has accepted every message.  ``env``: see :class:`Client`.
     """
     binary = build("send-bench", build_dir)
-    return Client([str(binary), host, str(port), address, str(count), str(body_size)])
+    return Client([str(binary), host, str(port), address, str(count), str(body_size)], env)
 
 
-def start_receive(host: str, port: int, address: str, count: int, build_dir: Path = DEFAULT_BUILD_DIR) -> Client:
+def start_receive(host: str, port: int, address: str, count: int, build_dir: Path = DEFAULT_BUILD_DIR,
+                  env: Mapping[str, str] | None = None) -> Client:
     """Start ``receive-bench``: take exactly ``count`` messages (it grants that much credit).
 
     It prints "N messages received" when it has them, then detaches and waits
     for the broker's detach before closing; so with exit code 0 all ``count``
-    messages were accepted and settled.
+    messages were accepted and settled.  ``env``: see :class:`Client`.
     """
     binary = build("receive-bench", build_dir)
-    return Client([str(binary), host, str(port), address, str(count)])
+    return Client([str(binary), host, str(port), address, str(count)], env)
 
 
 def run_send(
@@ -271,9 +317,10 @@ def run_send(
     body_size: int = DEFAULT_BODY_SIZE,
     timeout: float = 120.0,
     build_dir: Path = DEFAULT_BUILD_DIR,
+    env: Mapping[str, str] | None = None,
 ) -> ClientRun:
     """Send ``count`` messages and wait; see :func:`start_send`."""
-    return start_send(host, port, address, count, body_size, build_dir).wait(timeout)
+    return start_send(host, port, address, count, body_size, build_dir, env).wait(timeout)
 
 
 def run_receive(
@@ -283,9 +330,10 @@ def run_receive(
     count: int,
     timeout: float = 120.0,
     build_dir: Path = DEFAULT_BUILD_DIR,
+    env: Mapping[str, str] | None = None,
 ) -> ClientRun:
     """Receive ``count`` messages and wait; see :func:`start_receive`."""
-    return start_receive(host, port, address, count, build_dir).wait(timeout)
+    return start_receive(host, port, address, count, build_dir, env).wait(timeout)
 
 
 _SENT = re.compile(r"^(\d+) messages sent and acknowledged$", re.MULTILINE)

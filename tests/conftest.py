@@ -1,4 +1,9 @@
-"""Shared fixtures: real node processes on loopback, always stopped by PID."""
+"""Shared fixtures: real node processes on loopback, always stopped by PID.
+
+Authentication is on everywhere: every node started here requires it and
+knows the run's users (tests/support/auth.py), and management clients and
+``hastandby`` CLI subprocesses authenticate as ``admin`` (``_admin_login``).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +11,17 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import pytest
 
+from tests.support import auth
 from tests.support.nodes import NodeProcess
 
 if TYPE_CHECKING:
     from tests.support.cluster import HaCluster
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _admin_login() -> None:
+    """``ManagementClient`` and ``hastandby`` subprocesses use ``admin`` (HASTANDBY_USER/PASSWORD)."""
+    auth.export_admin()
 
 
 @pytest.fixture

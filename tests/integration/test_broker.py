@@ -15,6 +15,7 @@ from proton.reactor import Copy
 from proton.utils import LinkDetached, SendException
 
 from benchmarks import cexamples
+from tests.support import auth
 from tests.support.clients import connect, receive, send, topic_filter
 
 ACCEPTED = Delivery.ACCEPTED
@@ -35,11 +36,12 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 def test_c_examples_send_then_receive_100000(node):
     host, port = "127.0.0.1", node.port
-    sent = cexamples.Client([str(cexamples.build("send")), host, str(port), "q", "100000"]).wait(120)
+    env = auth.client_environment()
+    sent = cexamples.Client([str(cexamples.build("send")), host, str(port), "q", "100000"], env).wait(120)
     assert sent.returncode == 0, sent.stdout
     assert "100000 messages sent and acknowledged" in sent.stdout
     assert depth(node, "q") == 100000
-    got = cexamples.Client([str(cexamples.build("receive")), host, str(port), "q", "100000"]).wait(120)
+    got = cexamples.Client([str(cexamples.build("receive")), host, str(port), "q", "100000"], env).wait(120)
     assert got.returncode == 0, got.stdout[-500:]
     assert "100000 messages received" in got.stdout
     bodies = [line for line in got.stdout.splitlines() if line.startswith("{")]
@@ -48,8 +50,9 @@ def test_c_examples_send_then_receive_100000(node):
 
 
 def test_c_bench_clients_concurrently_move_every_message(node):
-    receiver = cexamples.start_receive("127.0.0.1", node.port, "conc", 20000)
-    sender = cexamples.start_send("127.0.0.1", node.port, "conc", 20000)
+    env = auth.client_environment()
+    receiver = cexamples.start_receive("127.0.0.1", node.port, "conc", 20000, env=env)
+    sender = cexamples.start_send("127.0.0.1", node.port, "conc", 20000, env=env)
     assert cexamples.sent_count(sender.wait(60)) == 20000
     assert cexamples.received_count(receiver.wait(60)) == 20000
     assert depth(node, "conc") == 0

@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from tests.support import auth
 from tests.support.netns import WanPair
 
 PORT = 5672
@@ -87,7 +88,7 @@ def wait_ready(wan: WanPair, side: str, address: str) -> None:
 
 
 def browse(wan: WanPair, side: str, address: str, queue: str) -> list[Any]:
-    result = wan.python(side, "-c", BROWSE, f"amqp://{address}", queue)
+    result = wan.python(side, "-c", BROWSE, auth.url(address), queue)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -123,9 +124,10 @@ def test_replication_over_a_delayed_link_between_namespaces(wan, tmp_path):
     source = f"{wan.ip['a']}:{PORT}"
     replica = f"{wan.ip['b']}:{PORT}"
     proxy = f"127.0.0.1:{PROXY_PORT}"
-    wan.popen("a", tmp_path / "source.log", "-m", "hastandby", "serve", "--listen", source, "--log-format", "json")
+    wan.popen("a", tmp_path / "source.log", "-m", "hastandby", "serve", "--listen", source, "--log-format", "json",
+              *auth.serve_arguments())
     wan.popen("b", tmp_path / "replica.log", "-m", "hastandby", "serve", "--listen", replica,
-              "--log-format", "json")
+              "--log-format", "json", *auth.serve_arguments())
     wan.popen("b", tmp_path / "proxy.log", "-m", "benchmarks.delay_proxy", "--listen", proxy, "--target", source,
               "--delay-ms", "25")
     wait_ready(wan, "a", source)
@@ -139,14 +141,14 @@ def test_replication_over_a_delayed_link_between_namespaces(wan, tmp_path):
         cli(wan, "a", "add", "queue", queue, "-b", source)
         cli(wan, "b", "replicate", "-b", replica, proxy, queue, "--create", "--mode", mode)
         wait_replica_state(wan, replica, queue, "live")
-        wan.python("a", "-c", SEND, f"amqp://{source}", queue, queue, "0", "200")
+        wan.python("a", "-c", SEND, auth.url(source), queue, queue, "0", "200")
     wait_bodies(wan, "b", replica, "qf", [f"qf{i}" for i in range(200)])
     wait_bodies(wan, "b", replica, "qe", [f"qe{i}" for i in range(200)])
 
     # Cut the WAN; the source keeps taking messages (and consumers keep taking some).
     wan.set_link(False)
     for queue in ("qf", "qe"):
-        assert wan.python("a", "-c", SEND, f"amqp://{source}", queue, queue, "200", "300").returncode == 0
+        assert wan.python("a", "-c", SEND, auth.url(source), queue, queue, "200", "300").returncode == 0
     cli(wan, "a", "purge", "qf", "-b", source)  # full mode must mirror this
     wait_replica_state(wan, replica, "qe", "connecting")
     assert browse(wan, "b", replica, "qe") == [f"qe{i}" for i in range(200)]

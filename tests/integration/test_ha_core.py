@@ -13,6 +13,7 @@ from proton.reactor import Copy
 
 from benchmarks import cexamples
 from hastandby.client import ManagementClient, ManagementError
+from tests.support import auth
 from tests.support.clients import browse, close_condition, connect, receive, send
 from tests.support.failover_client import NumberedSender
 
@@ -41,11 +42,11 @@ def test_failover_c_examples(cluster_factory):
     """10,000 messages sent with the C example to the primary survive kill -9 of it."""
     c = cluster_factory(3)
     c[0].request("CREATE", "queue", "q")
-    sent = cexamples.run_send("127.0.0.1", c[0].port, "q", 10000)
+    sent = cexamples.run_send("127.0.0.1", c[0].port, "q", 10000, env=auth.client_environment())
     assert cexamples.sent_count(sent) == 10000
     c[0].kill()
     c.promote(1)
-    got = cexamples.run_receive("127.0.0.1", c[1].port, "q", 10000)
+    got = cexamples.run_receive("127.0.0.1", c[1].port, "q", 10000, env=auth.client_environment())
     assert cexamples.received_count(got) == 10000
     c.wait_depth(2, "q", 0)
 
@@ -80,7 +81,8 @@ def test_client_redirect(cluster_factory):
 def test_promote_refuses_a_catchup_node(cluster_factory):
     c = cluster_factory(2)
     c[0].request("CREATE", "queue", "big")
-    assert cexamples.sent_count(cexamples.run_send("127.0.0.1", c[0].port, "big", 200000)) == 200000
+    sent = cexamples.run_send("127.0.0.1", c[0].port, "big", 200000, env=auth.client_environment())
+    assert cexamples.sent_count(sent) == 200000
     c[1].kill()
     c.restart(1)
     c.wait_state(1, "catchup")
@@ -124,7 +126,7 @@ def test_admin_may_browse_a_backup_but_not_modify_it(cluster_factory):
             admin.request("CREATE", "queue", "other")
         with pytest.raises(ManagementError, match="backup"):
             admin.request("DELETE", "queue", "q")
-    conn = connect(c[1].address, **ADMIN)
+    conn = connect(c[1].address, auth.ADMIN, **ADMIN)  # the property needs a user of group admin
     try:
         browser = conn.create_receiver("q", options=Copy(), name="b")
         assert [browser.receive(timeout=5).body for _ in range(3)] == ["m0", "m1", "m2"]

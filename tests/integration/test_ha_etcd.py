@@ -36,6 +36,7 @@ from proton.reactor import Container
 
 from benchmarks import cexamples
 from hastandby.client import ManagementClient, ManagementError
+from tests.support import auth
 from tests.support.clients import browse_ids
 from tests.support.etcd import EtcdServer
 from tests.support.failover_client import NumberedSender, drain
@@ -474,7 +475,7 @@ def test_catchup_node_is_never_elected_nor_promoted(ha):
     backup = 1 - primary
     term = c.status(primary)["term"]
     c.create_queue(primary, "big")
-    sent = cexamples.run_send("127.0.0.1", c[primary].port, "big", 300_000)
+    sent = cexamples.run_send("127.0.0.1", c[primary].port, "big", 300_000, env=auth.client_environment())
     assert cexamples.sent_count(sent) == 300_000
 
     c[backup].kill()

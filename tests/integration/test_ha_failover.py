@@ -9,6 +9,7 @@ Every wait is bounded.  Node logs are printed when a test fails.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -20,6 +21,7 @@ import pytest
 from proton import Delivery, Message
 
 from benchmarks import cexamples
+from tests.support import auth
 from tests.support.clients import browse, receive, send
 from tests.support.cluster import HaCluster
 from tests.support.failover_client import NumberedReceiver, NumberedSender, drain
@@ -131,8 +133,9 @@ def test_failover(ha):
     c[0].request("CREATE", "queue", "c")
     c[0].request("CREATE", "queue", "p")
     send_c, receive_c = cexamples.build("send"), cexamples.build("receive")
+    app = {**os.environ, **auth.client_environment()}
     run = subprocess.run([str(send_c), "127.0.0.1", str(c[0].port), "c", "10000"], capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=60, env=app)
     assert run.returncode == 0 and "10000 messages sent and acknowledged" in run.stdout, run.stdout + run.stderr
 
     sender = NumberedSender(c.url_list, "p", count=4000, rate=800, window=50, heartbeat=1, time_limit=60).start()
@@ -150,7 +153,7 @@ def test_failover(ha):
           f"for {gap:.2f} s; refusals {sender.refusals}, re-sent {sender.resent}")
 
     run = subprocess.run([str(receive_c), "127.0.0.1", str(c[1].port), "c", "10000"], capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=60, env=app)
     assert run.returncode == 0 and "10000 messages received" in run.stdout, run.stdout[-2000:] + run.stderr
     assert sorted(set(c_sequences(run.stdout))) == list(range(1, 10001))
 
@@ -350,7 +353,7 @@ def test_stalled_backup(ha):
         assert time.monotonic() - start < 1.5, "still held after the stalled backup was dropped"
         members = [m["node_id"] for m in c.query(0)["ha"]["members"]]
         assert stalled not in members, "the stalled backup is still a member"
-        run = cexamples.run_send("127.0.0.1", c[0].port, "q", 20000, timeout=60)
+        run = cexamples.run_send("127.0.0.1", c[0].port, "q", 20000, timeout=60, env=auth.client_environment())
         assert cexamples.sent_count(run) == 20000, run.stdout
         assert [m.body for m in receive(c[0].address, "q", 1)] == ["m0"]  # messages can be fetched
     finally:

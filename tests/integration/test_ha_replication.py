@@ -24,6 +24,7 @@ from proton.reactor import ApplicationEvent, AtMostOnce, Container, EventInjecto
 
 from benchmarks import cexamples
 from hastandby.client import ManagementError
+from tests.support import auth
 from tests.support.clients import browse, connect, receive, send
 from tests.support.cluster import HaCluster
 from tests.support.nodes import REPO
@@ -152,7 +153,7 @@ class _AsyncSender(MessagingHandler):
 
 def send_async(address: str, queue: str, messages: list[Message], timeout: float = 60.0) -> list[str | None]:
     """Send all of ``messages`` pipelined (unsettled); return the outcome of each, in order."""
-    handler = _AsyncSender(f"amqp://{address}", queue, messages, timeout)
+    handler = _AsyncSender(auth.url(address), queue, messages, timeout)
     container = Container(handler)
     container.container_id = f"sender-{queue}-{id(handler)}"
     container.run()
@@ -168,7 +169,7 @@ class Holder(MessagingHandler):
 
     def __init__(self, address: str, queues: list[str], take: int = 1) -> None:
         super().__init__(prefetch=0, auto_accept=False, auto_settle=False)
-        self.url = f"amqp://{address}"
+        self.url = auth.url(address)
         self.queues = queues
         self.take = take
         self.held: dict[str, list[Any]] = {queue: [] for queue in queues}
@@ -283,7 +284,8 @@ def test_send_receive(cluster_factory):
     c = cluster_factory(3)
     create_queue(c, 0, "q")
     per_sender, per_receiver = 2000, 1950
-    receivers = [cexamples.start_receive("127.0.0.1", c[0].port, "q", per_receiver) for _ in range(2)]
+    receivers = [cexamples.start_receive("127.0.0.1", c[0].port, "q", per_receiver, env=auth.client_environment())
+                 for _ in range(2)]
     outcomes: dict[str, list[str | None]] = {}
     errors: list[BaseException] = []
 

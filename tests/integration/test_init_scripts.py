@@ -4,7 +4,12 @@ Every path the scripts use (pidfile, lockfile, log, data dir, defaults file)
 is overridden through the environment into the test's tmp dir, ``HASTANDBY``
 is this venv's ``python -m hastandby``, and every node gets a free loopback
 port.  No etcd: these scripts are for sites where a resource manager
-(rgmanager, pacemaker) decides which node is primary.
+(rgmanager, pacemaker) decides which node is primary.  Authentication is on
+as at a site: the nodes require it (``--no-allow-anonymous``) and read the
+test run's users file, backups authenticate as ``peer``, and the scripts' own
+management requests use the admin user of their configuration
+(``QPID_HA_ADMIN_USER``/``QPID_HA_ADMIN_PASSWORD_FILE``), not the test
+process's environment.
 
 The nodes are not children of the test (the scripts detach them), so each
 one's PID is read from its pidfile when it starts and every such process is
@@ -27,6 +32,7 @@ from typing import Callable, Iterator
 import pytest
 
 from hastandby.client import ManagementClient, ManagementError
+from tests.support import auth
 from tests.support.nodes import REPO, free_port
 
 SCRIPTS = REPO / "scripts" / "init.d"
@@ -72,7 +78,7 @@ class ScriptNode:
         self.log = self.dir / "log" / "qpid-ha.log"
         self.started = started
         self.env = {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if not k.startswith("HASTANDBY_")},
             "QPID_HA_DEFAULTS": str(root / "no-such-defaults"),
             "HASTANDBY": f"{sys.executable} -m hastandby",
             "QPID_HA_LISTEN": self.address,
@@ -81,7 +87,12 @@ class ScriptNode:
             "QPID_HA_PIDFILE": str(self.pidfile),
             "QPID_HA_LOG": str(self.log),
             "QPID_HA_LOCKFILE": str(lockfile),
-            "QPID_HA_ARGS": "--log-format json --backup-timeout 5",
+            "QPID_HA_ARGS": "--log-format json --backup-timeout 5 --no-allow-anonymous",
+            "QPID_HA_USERS_FILE": str(auth.USERS_FILE),
+            "QPID_HA_PEER_USER": auth.PEER,
+            "QPID_HA_PEER_PASSWORD_FILE": str(auth.password_file(auth.PEER)),
+            "QPID_HA_ADMIN_USER": auth.ADMIN,
+            "QPID_HA_ADMIN_PASSWORD_FILE": str(auth.password_file(auth.ADMIN)),
             "QPID_HA_PING_TIMEOUT": "2",
             "QPID_HA_STOP_TIMEOUT": "10",
             "QPID_HA_START_TIMEOUT": "20",
@@ -338,7 +349,7 @@ def test_defaults_file_and_environment_precedence(nodes, tmp_path):
         f"QPID_HA_LISTEN=127.0.0.1:{port}\n"
         f"QPID_HA_BROKERS_URL=127.0.0.1:{port}\n"
         f"QPID_HA_PIDFILE={tmp_path}/from-file.pid\n"
-        "QPID_HA_ARGS='--node-id from-defaults --log-format json'\n")
+        "QPID_HA_ARGS='--node-id from-defaults --log-format json --no-allow-anonymous'\n")
     env = {k: v for k, v in a.env.items() if k not in ("QPID_HA_LISTEN", "QPID_HA_BROKERS_URL", "QPID_HA_ARGS")}
     env["QPID_HA_DEFAULTS"] = str(defaults)
     a.env = env  # QPID_HA_PIDFILE stays in the environment: it must win over the file
@@ -358,7 +369,7 @@ def test_example_defaults_file_is_valid_shell():
     assert result.returncode == 0, result.stderr
     result = subprocess.run(["bash", "-c", f'. "{example}"; echo "$QPID_HA_LISTEN|$QPID_HA_BROKERS_URL"'],
                             capture_output=True, text=True, env={"PATH": os.environ["PATH"]})
-    assert result.stdout.strip() == "0.0.0.0:5672|node1:5672,node2:5672,node3:5672"
+    assert result.stdout.strip() == "node1:5672|node1:5672,node2:5672,node3:5672"
 
 
 def test_start_waits_for_the_lock(nodes):

@@ -9,8 +9,11 @@ Three users, in one users file that every node of the run reads:
 - ``app`` (no group): what producers and consumers connect as.
 
 ``serve_arguments()`` is what a node needs to use them, ``url(address)`` an
-``amqp://app:...@host:port`` URL for python-qpid-proton clients, and
-``client_environment()`` what C example clients and rhea read.
+``amqp://app:...@host:port`` URL for python-qpid-proton clients (which then
+use PLAIN: the wheel has no SCRAM, and allows PLAIN on a plain port by
+default), ``client_environment()`` what C example clients and rhea read, and
+``password_file(user)`` a file holding a user's password (for options such as
+``--peer-password-file`` and the init scripts' ``*_PASSWORD_FILE``).
 """
 
 from __future__ import annotations
@@ -29,16 +32,23 @@ _directory = Path(tempfile.mkdtemp(prefix="hastandby-test-users-"))
 atexit.register(shutil.rmtree, _directory, ignore_errors=True)
 PASSWORDS = {user: secrets.token_urlsafe(12) for user in (ADMIN, PEER, APP)}
 USERS_FILE = _directory / "users.json"
-PEER_PASSWORD_FILE = _directory / "peer.password"
+GROUPS = {ADMIN: ["admin"], PEER: ["cluster"], APP: []}
+
+
+def password_file(user: str) -> Path:
+    """The file holding ``user``'s password (one line), as ``--peer-password-file`` reads it."""
+    return _directory / f"{user}.password"
+
+
+PEER_PASSWORD_FILE = password_file(PEER)
 
 
 def _write() -> None:
     store = Credentials(USERS_FILE)
-    store.add(ADMIN, PASSWORDS[ADMIN], ["admin"])
-    store.add(PEER, PASSWORDS[PEER], ["cluster"])
-    store.add(APP, PASSWORDS[APP], [])
+    for user, groups in GROUPS.items():
+        store.add(user, PASSWORDS[user], groups)
+        password_file(user).write_text(PASSWORDS[user] + "\n")
     store.save()
-    PEER_PASSWORD_FILE.write_text(PASSWORDS[PEER] + "\n")
 
 
 _write()

@@ -1,4 +1,9 @@
-"""Small blocking python-qpid-proton clients for tests (real AMQP, no mocks)."""
+"""Small blocking python-qpid-proton clients for tests (real AMQP, no mocks).
+
+Every client authenticates (PLAIN, credentials in the URL, ``auth.url``): as
+``app`` by default, as ``admin`` where it must see a backup (``admin=True``,
+the ``qpid.ha-admin`` connection property) or names ``user=auth.ADMIN``.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +14,13 @@ from proton.handlers import MessagingHandler
 from proton.reactor import Container, Copy, Filter
 from proton.utils import BlockingConnection
 
+from . import auth
+
 TOPIC_FILTER = symbol("apache.org:legacy-amqp-topic-binding:string")
 
 
-def connect(address: str, **kwargs: Any) -> BlockingConnection:
-    return BlockingConnection(f"amqp://{address}", timeout=10, **kwargs)
+def connect(address: str, user: str = auth.APP, **kwargs: Any) -> BlockingConnection:
+    return BlockingConnection(auth.url(address, user), timeout=10, **kwargs)
 
 
 def send(address: str, queue: str, messages: list[Message] | int, **kwargs: Any) -> list[Any]:
@@ -36,9 +43,9 @@ def send(address: str, queue: str, messages: list[Message] | int, **kwargs: Any)
 
 
 def receive(address: str, queue: str, count: int, timeout: float = 5.0, accept: bool = True,
-            **options: Any) -> list[Message]:
+            user: str = auth.APP, **options: Any) -> list[Message]:
     """Receive ``count`` messages (fewer if none come within ``timeout``)."""
-    conn = connect(address)
+    conn = connect(address, user)
     try:
         receiver = conn.create_receiver(queue, credit=count or 1, **options)
         got = []
@@ -56,8 +63,9 @@ def receive(address: str, queue: str, count: int, timeout: float = 5.0, accept: 
 
 
 def browse(address: str, queue: str, count: int, timeout: float = 5.0, admin: bool = False) -> list[Message]:
-    """Browse without consuming; ``admin`` connections may browse an HA backup."""
-    conn = connect(address, properties={symbol("qpid.ha-admin"): True} if admin else None)
+    """Browse without consuming; ``admin`` connections (user ``admin``) may browse an HA backup."""
+    conn = connect(address, auth.ADMIN if admin else auth.APP,
+                   properties={symbol("qpid.ha-admin"): True} if admin else None)
     try:
         receiver = conn.create_receiver(queue, credit=max(count, 1), options=Copy())
         got = []
@@ -104,7 +112,7 @@ class _IdBrowser(MessagingHandler):
 
 def browse_ids(address: str, queue: str, quiet: float = 1.0) -> dict[int, Any]:
     """Every message of ``queue`` on the node at ``address`` (primary or backup), by replication id."""
-    browser = _IdBrowser(f"amqp://{address}", queue, quiet)
+    browser = _IdBrowser(auth.url(address, auth.ADMIN), queue, quiet)
     Container(browser).run()
     assert browser.error is None, f"browsing {queue!r} on {address}: {browser.error}"
     return browser.contents
@@ -136,8 +144,8 @@ class _CloseRecorder(MessagingHandler):
             event.connection.close()
 
 
-def close_condition(address: str) -> tuple[str, str, dict] | None:
-    """Open a plain client connection and return the condition the node closes it with."""
-    recorder = _CloseRecorder(f"amqp://{address}")
+def close_condition(address: str, user: str = auth.APP) -> tuple[str, str, dict] | None:
+    """Open a plain client connection (as ``user``) and return the condition the node closes it with."""
+    recorder = _CloseRecorder(auth.url(address, user))
     Container(recorder).run()
     return recorder.condition

@@ -8,6 +8,7 @@ from typing import Any
 
 from hastandby.client import ManagementClient, ManagementError
 
+from . import auth
 from .nodes import NodeProcess, free_port
 
 
@@ -41,7 +42,8 @@ class HaCluster:
 
     @property
     def url_list(self) -> list[str]:
-        return [f"amqp://127.0.0.1:{p}" for p in self.ports]
+        """Every node's URL with the ``app`` user's credentials, for failover clients."""
+        return [auth.url(f"127.0.0.1:{p}") for p in self.ports]
 
     def status(self, index: int) -> dict[str, Any]:
         with ManagementClient(self.nodes[index].address, timeout=5) as client:

@@ -1,9 +1,10 @@
 """Numbered failover clients on python-qpid-proton (Qpid's NumberedSender / NumberedReceiver).
 
 Both are plain ``Container`` + ``MessagingHandler`` clients given the URL list
-of every node, the way an application is told to use a hot-standby cluster:
-a dead node refuses the TCP connection, a backup closes it with
-``amqp:connection:forced``, and proton moves on.  The reconnect delay is
+of every node, the way an application is told to use a hot-standby cluster
+(the URLs carry the ``app`` user's credentials: ``NodeProcess.url``,
+``HaCluster.url_list``): a dead node refuses the TCP connection, a backup
+closes it with ``amqp:connection:forced``, and proton moves on.  The reconnect delay is
 explicit and short (``RECONNECT_DELAYS``: 0.1 s steps) because proton's
 default grows to 10 s, which would measure the client's patience rather than
 the cluster's failover.

@@ -1,4 +1,11 @@
-"""Real ``hastandby serve`` processes on loopback ports, stopped by PID."""
+"""Real ``hastandby serve`` processes on loopback ports, stopped by PID.
+
+Every node requires authentication and knows the test run's users
+(``auth.serve_arguments()``, given before the test's own arguments, so a test
+may override them, e.g. with ``--allow-anonymous``).  ``url`` is the ``app``
+user's URL for python-qpid-proton clients; management requests authenticate as
+``admin`` (the environment conftest exports).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,8 @@ import time
 from pathlib import Path
 
 from hastandby.client import ManagementClient, ManagementError
+
+from . import auth
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,14 +36,14 @@ class NodeProcess:
     def __init__(self, log_dir: Path, *args: str, port: int | None = None, name: str = "node") -> None:
         self.port = port or free_port()
         self.address = f"127.0.0.1:{self.port}"
-        self.url = f"amqp://{self.address}"
+        self.url = auth.url(self.address)  # amqp://app:PASSWORD@127.0.0.1:PORT
         self.args = list(args)
         self.log_path = Path(log_dir) / f"{name}-{self.port}.log"
         self.proc: subprocess.Popen | None = None
 
     def start(self, wait: bool = True) -> "NodeProcess":
         command = [sys.executable, "-m", "hastandby", "serve", "--listen", self.address,
-                   "--log-format", "json", *self.args]
+                   "--log-format", "json", *auth.serve_arguments(), *self.args]
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(command, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT)
         if wait:
