@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import psutil
 from proton import ProtonException
@@ -115,9 +115,12 @@ class Service:
                 continue
         return total
 
-    def wait_ready(self, host: str, port: int, timeout: float = 30.0) -> None:
+    def wait_ready(self, host: str, port: int, timeout: float = 30.0,
+                   connect_options: dict[str, Any] | None = None) -> None:
         """Wait until ``port`` accepts TCP connections and an AMQP connection opens.
 
+        ``connect_options``: python-qpid-proton connect arguments (the user and
+        password a hastandby node requires, ``_auth.users().connect_options()``).
         Raises RuntimeError if the process exits first, TimeoutError after ``timeout``.
         """
         deadline = time.monotonic() + timeout
@@ -127,7 +130,7 @@ class Service:
                     f"{self.name} exited with {self.popen.returncode} before it was ready; "
                     f"{self.log_path} ends: {self.log_tail()}"
                 )
-            if _amqp_opens(host, port, timeout=max(0.5, min(5.0, deadline - time.monotonic()))):
+            if _amqp_opens(host, port, max(0.5, min(5.0, deadline - time.monotonic())), connect_options or {}):
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.name} not ready on {host}:{port} after {timeout} s")
@@ -168,7 +171,7 @@ class Service:
         return " | ".join(text.strip().splitlines()[-lines:])
 
 
-def _amqp_opens(host: str, port: int, timeout: float) -> bool:
+def _amqp_opens(host: str, port: int, timeout: float, connect_options: dict[str, Any]) -> bool:
     """True if a TCP connection is accepted and an AMQP connection opens on it."""
     try:
         with socket.create_connection((host, port), timeout=timeout):
@@ -176,7 +179,7 @@ def _amqp_opens(host: str, port: int, timeout: float) -> bool:
     except OSError:
         return False
     try:
-        connection = BlockingConnection(f"amqp://{host}:{port}", timeout=timeout)
+        connection = BlockingConnection(f"amqp://{host}:{port}", timeout=timeout, **connect_options)
     except ProtonException:  # ConnectionException, Timeout, ...
         return False
     connection.close()

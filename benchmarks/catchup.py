@@ -8,6 +8,9 @@ In one invocation:
    started and timed from process start to state ``backup`` (every message
    on its replica and acknowledged).  Progress is printed while it runs.
 
+Nodes require authentication (``benchmarks/_auth.py``): the backup
+authenticates to the primary as ``peer``, the C clients as ``app``.
+
 Writes ``benchmarks/results/catchup-<UTC>.json``.
 
     python -m benchmarks.catchup [--messages 1000000]
@@ -27,7 +30,7 @@ from typing import Any
 
 from hastandby.client import ManagementError
 
-from . import cexamples
+from . import _auth, cexamples
 from ._proc import Service, free_port, python_env
 from .ha_throughput import _request, _wait_answering, start_nodes
 from .throughput import DEFAULT_OUT, LOOPBACK, REPO_ROOT, _check_receive, _check_send, host_info
@@ -41,7 +44,8 @@ def fill(port: int, queue: str, messages: int) -> float:
     remaining = messages
     while remaining:
         chunk = min(CHUNK, remaining)
-        _check_send(cexamples.run_send(LOOPBACK, port, queue, chunk, 100, 30 + chunk / 1000), chunk)
+        _check_send(cexamples.run_send(LOOPBACK, port, queue, chunk, 100, 30 + chunk / 1000,
+                                       env=_auth.users().client_environment()), chunk)
         remaining -= chunk
         print(f"  filled {messages - remaining:,}/{messages:,}", flush=True)
     return time.monotonic() - started
@@ -53,7 +57,8 @@ def reference_consume(messages: int, logs: Path) -> dict[str, Any]:
         port = node.port  # type: ignore[attr-defined]
         fill(port, "ref", messages)
         started = time.monotonic()
-        _check_receive(cexamples.run_receive(LOOPBACK, port, "ref", messages, 60 + messages / 1000), messages)
+        _check_receive(cexamples.run_receive(LOOPBACK, port, "ref", messages, 60 + messages / 1000,
+                                             env=_auth.users().client_environment()), messages)
         elapsed = time.monotonic() - started
     finally:
         node.stop()
@@ -63,7 +68,8 @@ def reference_consume(messages: int, logs: Path) -> dict[str, Any]:
 def catch_up(messages: int, logs: Path) -> dict[str, Any]:
     ports = [free_port(), free_port()]
     brokers = ",".join(f"{LOOPBACK}:{p}" for p in ports)
-    argv = [sys.executable, "-m", "hastandby", "serve", "--log-format", "json", "--ha-cluster", "--brokers-url", brokers]
+    argv = [sys.executable, "-m", "hastandby", "serve", "--log-format", "json", "--ha-cluster", "--brokers-url", brokers,
+            *_auth.users().serve_arguments()]
     primary = Service("primary", argv + ["--listen", f"{LOOPBACK}:{ports[0]}"], logs / "primary.log",
                       cwd=REPO_ROOT, env=python_env())
     backup: Service | None = None

@@ -18,6 +18,9 @@ For each mode (``full``, ``enqueue``), in one invocation:
    adding 25 ms each way: lag p50/p99/max in ms.  (Step 1 also records the
    rate at which the replica had all of the C sender's messages.)
 
+Nodes require authentication (``benchmarks/_auth.py``): the replica
+authenticates to the source as ``peer``, clients as ``app`` with PLAIN.
+
 Prints the figures and writes ``benchmarks/results/dr-lag-<UTC>.json``.
 
     python -m benchmarks.dr_lag [--count 50000] [--runs 9] [--lag-seconds 10] [--delay-ms 25]
@@ -44,7 +47,7 @@ from proton.reactor import AtMostOnce, Container, Copy
 
 from hastandby.client import ManagementClient, ManagementError
 
-from . import cexamples
+from . import _auth, cexamples
 from ._proc import Service, free_port, python_env
 from .throughput import DEFAULT_OUT, LOOPBACK, REPO_ROOT, host_info
 
@@ -54,13 +57,14 @@ PACE_TICK = 0.002  # seconds between the paced producer's bursts
 
 
 def _request(port: int, operation: str, type: str = "", name: str = "", body: dict | None = None) -> Any:
-    with ManagementClient(f"{LOOPBACK}:{port}", timeout=10) as client:
+    with ManagementClient(f"{LOOPBACK}:{port}", timeout=10, login=_auth.users().login()) as client:
         return client.request(operation, type, name, body)
 
 
 def _start_node(name: str, logs: Path) -> Service:
     port = free_port()
-    argv = [sys.executable, "-m", "hastandby", "serve", "--log-format", "json", "--listen", f"{LOOPBACK}:{port}"]
+    argv = [sys.executable, "-m", "hastandby", "serve", "--log-format", "json", "--listen", f"{LOOPBACK}:{port}",
+            *_auth.users().serve_arguments()]
     service = Service(name, argv, logs / f"{name}.log", cwd=REPO_ROOT, env=python_env())
     service.port = port  # type: ignore[attr-defined]
     deadline = time.monotonic() + READY_TIMEOUT
@@ -88,7 +92,8 @@ def _replicate(replica_port: int, source: str, queue: str, mode: str) -> None:
 
 
 def _send_rate(port: int, queue: str, count: int) -> float:
-    run = cexamples.run_send(LOOPBACK, port, queue, count, timeout=30 + count / 1000)
+    run = cexamples.run_send(LOOPBACK, port, queue, count, timeout=30 + count / 1000,
+                             env=_auth.users().client_environment())
     if run.returncode != 0 or cexamples.sent_count(run) != count:
         raise RuntimeError(f"send-bench to {queue} failed: {run.stdout[-500:]}")
     return count / run.elapsed
@@ -201,14 +206,15 @@ def _lag(source_port: int, replica_port: int, queue: str, mode: str, rate: float
     count = count or max(100, int(rate * seconds))
     context = multiprocessing.get_context("fork")
     sent = context.Value("q", -1)
+    users = _auth.users()
 
     def start_producer() -> Any:
-        process = context.Process(target=_produce, args=(f"amqp://{LOOPBACK}:{source_port}/{queue}", rate, count,
-                                                         seconds * 2 + 10, sent))
+        process = context.Process(target=_produce, args=(users.url(f"{LOOPBACK}:{source_port}/{queue}"), rate,
+                                                         count, seconds * 2 + 10, sent))
         process.start()
         return process
 
-    receiver = LagReceiver(f"amqp://{LOOPBACK}:{replica_port}/{queue}", mode == "full", count, start_producer,
+    receiver = LagReceiver(users.url(f"{LOOPBACK}:{replica_port}/{queue}"), mode == "full", count, start_producer,
                            sent, deadline=time.monotonic() + seconds * 3 + 40)
     try:
         Container(receiver).run()
@@ -276,7 +282,7 @@ def measure_mode(mode: str, args: argparse.Namespace, logs: Path) -> dict[str, A
                                           f"{LOOPBACK}:{proxy_port}", "--target", f"{LOOPBACK}:{src}",
                                           "--delay-ms", str(args.delay_ms)],
                         logs / f"{mode}-proxy.log", cwd=REPO_ROOT, env=python_env())
-        proxy.wait_ready(LOOPBACK, proxy_port)
+        proxy.wait_ready(LOOPBACK, proxy_port, connect_options=_auth.users().connect_options())
         _replicate(rep, f"{LOOPBACK}:{proxy_port}", "wan", mode)
         wan = _lag(src, rep, "wan", mode, rate, args.lag_seconds)
         print(f"[{mode}] lag through the {args.delay_ms:g} ms-each-way proxy at {wan['achieved_rate']:,} msg/s: "

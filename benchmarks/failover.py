@@ -20,6 +20,10 @@ Every round writes one trace in the format of ``docs/failover-traces.md``
 ``benchmarks/results/failover-traces-<UTC>/``); the run writes a summary
 JSON to ``benchmarks/results/failover-<UTC>.json`` and prints a table per
 fault.  ``docs/failover-benchmark.md`` says how each event is observed.
+Nodes require authentication (``benchmarks/_auth.py``): backups authenticate
+to the primary as ``peer``, the client processes as ``app`` with PLAIN (their
+credentials come in the environment, so the URLs in traces carry none), the
+harness's STATUS polls and requests as ``admin``.
 Exit code 1 if a round failed, lost an acknowledged message, or (SIGSTOP) the
 resumed old primary acknowledged anything.
 """
@@ -47,10 +51,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from hastandby.client import ManagementClient, ManagementError
+from hastandby.client import Login, ManagementClient, ManagementError
 from hastandby.lifecycle.cluster import ClusterKeys
 from spark_analysis import trace_schema as ts
 
+from . import _auth
 from ._proc import LOOPBACK, Service, free_port, python_env
 from .failover_clients import HEARTBEAT, RECONNECT_DELAY
 from .throughput import DEFAULT_OUT, REPO_ROOT, host_info
@@ -166,7 +171,8 @@ class ChildProcess:
         self.finished = False
         with open(self.log_path, "ab") as log:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", "benchmarks.failover_clients", *argv], cwd=REPO_ROOT, env=python_env(),
+                [sys.executable, "-m", "benchmarks.failover_clients", *argv], cwd=REPO_ROOT,
+                env={**python_env(), **_auth.users().client_environment()},
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True,
             )
         self._reader = threading.Thread(target=self._read, name=f"failover-read-{name}", daemon=True)
@@ -239,13 +245,17 @@ class Seen:
 
 
 class StatusPoller:
-    """Asks one node for STATUS every POLL seconds over one admin connection; keeps the changes."""
+    """Asks one node for STATUS every POLL seconds over one admin connection; keeps the changes.
+
+    ``login``: the admin user to authenticate as (default: from the environment).
+    """
 
     KEYS = ("state", "detail", "term", "primary", "halted", "queues")
 
-    def __init__(self, node_id: str, address: str) -> None:
+    def __init__(self, node_id: str, address: str, login: Login | None = None) -> None:
         self.node_id = node_id
         self.address = address
+        self.login = login
         self.history: list[Seen] = []
         self.latest: dict[str, Any] | None = None
         self._stop = threading.Event()
@@ -262,7 +272,7 @@ class StatusPoller:
             sent = time.time()
             try:
                 if client is None:
-                    client = ManagementClient(self.address, timeout=1.0)
+                    client = ManagementClient(self.address, timeout=1.0, login=self.login)
                 reply = client.request("STATUS")
                 status: dict[str, Any] | None = {k: reply.get(k) for k in self.KEYS}
             except ManagementError:
@@ -425,11 +435,11 @@ class RoundRunner:
             port = free_port()
             argv = [sys.executable, "-m", "hastandby", "serve", "--listen", f"{LOOPBACK}:{port}",
                     "--etcd", url, "--cluster", self.cluster, "--node-id", node_id,
-                    "--lease-ttl", str(self.s.lease_ttl), "--log-format", "json"]
+                    "--lease-ttl", str(self.s.lease_ttl), "--log-format", "json", *_auth.users().serve_arguments()]
             service = Service(node_id, argv, self.logs / f"{node_id}.log", cwd=REPO_ROOT, env=python_env())
             self.nodes.append(NodeProc(node_id, port, service))
         for node in self.nodes:
-            node.poller = StatusPoller(node.node_id, node.address).start()
+            node.poller = StatusPoller(node.node_id, node.address, _auth.users().login()).start()
 
         def settled() -> bool:
             for node in self.nodes:
@@ -444,7 +454,7 @@ class RoundRunner:
         self.primary = next(n for n in self.nodes if n.poller.state() == "primary")
         queues = [QUEUE, PROBE_QUEUE] if self.fault == ts.FAULT_SIGSTOP else [QUEUE]
         before = {n.node_id: int((n.poller.latest or {}).get("queues") or 0) for n in self.nodes}
-        with ManagementClient(self.primary.address, timeout=10) as client:
+        with ManagementClient(self.primary.address, timeout=10, login=_auth.users().login()) as client:
             for queue in queues:
                 client.request("CREATE", "queue", queue, {"arguments": {"qpid.replicate": "all"}})
         if not _wait_until(lambda: all(int((n.poller.latest or {}).get("queues") or 0) >= before[n.node_id] + len(queues)

@@ -54,6 +54,11 @@ deposed primary.
 **The watch** is an etcd watch on the cluster's leader key, the only direct
 view of *when* the key was deleted (lease expiry, revoke) and re-created.
 
+**Credentials** come from the environment, ``HASTANDBY_USER`` and
+``HASTANDBY_PASSWORD`` (the harness passes the run's ``app`` user): PLAIN, as
+python-qpid-proton offers no SCRAM; without them the clients connect
+anonymously.  The URLs, which the records and traces show, carry none.
+
 Process protocol (the harness, ``benchmarks/failover.py``, drives it): every
 ``STATUS_EVERY`` s one JSON status line on stdout; commands on stdin, one per
 line: ``stop-sending`` (producer), ``expect FILE`` (consumer: a JSON list of
@@ -97,6 +102,14 @@ TICK = 0.005  # seconds between the producer's send-schedule checks
 FLUSH_EVERY = 1.0  # seconds between ``acks`` trace lines
 STATUS_EVERY = 0.05  # seconds between status lines to the harness
 TIME_LIMIT = 900.0  # a client ends by itself after this long, whatever happens
+
+
+def environment_credentials() -> dict[str, Any]:
+    """proton ``connect`` arguments from ``HASTANDBY_USER``/``HASTANDBY_PASSWORD``, or none."""
+    user, password = os.environ.get("HASTANDBY_USER"), os.environ.get("HASTANDBY_PASSWORD")
+    if not user or password is None:
+        return {}
+    return {"user": user, "password": password, "allow_insecure_mechs": True}
 
 
 class FixedBackoff:
@@ -204,7 +217,8 @@ class _Client(MessagingHandler):
     def on_start(self, event: Any) -> None:
         self.started = time.time()
         reconnect = False if self.pinned else FixedBackoff(self.reconnect_delay)
-        self.connection = event.container.connect(urls=self.urls, reconnect=reconnect, heartbeat=self.heartbeat)
+        self.connection = event.container.connect(urls=self.urls, reconnect=reconnect, heartbeat=self.heartbeat,
+                                                  **environment_credentials())
         self.link = self.open_link(event.container, self.connection)
         event.container.schedule(self.tick_interval, self)
 

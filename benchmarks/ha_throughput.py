@@ -10,6 +10,10 @@ producer only then), so the send figure is the price of replication.
 Producer acknowledgement latency: a python-qpid-proton sender with one
 message in flight at a time times send -> ``accepted``; p50 and p99.
 
+Nodes require authentication (``benchmarks/_auth.py``): backups authenticate
+to the primary as ``peer``, clients as ``app`` with PLAIN, management as
+``admin``.
+
 Prints msg/s per configuration and the ratio to standalone, writes JSON to
 ``benchmarks/results/ha-throughput-<UTC>.json``.
 
@@ -38,7 +42,7 @@ from proton.reactor import Container
 
 from hastandby.client import ManagementClient, ManagementError
 
-from . import cexamples
+from . import _auth, cexamples
 from ._proc import Service, free_port, python_env
 from .throughput import DEFAULT_OUT, FIGURES, LOOPBACK, PHASES, REPO_ROOT, Run, Settings, _measure, _progress, host_info
 
@@ -49,7 +53,7 @@ READY_TIMEOUT = 60.0
 def start_nodes(backups: int, logs: Path, tag: str) -> list[Service]:
     """A standalone node, or a primary plus ``backups`` caught-up backups."""
     ports = [free_port() for _ in range(backups + 1)]
-    base = [sys.executable, "-m", "hastandby", "serve", "--log-format", "json"]
+    base = [sys.executable, "-m", "hastandby", "serve", "--log-format", "json", *_auth.users().serve_arguments()]
     if backups == 0:
         argvs = [base + ["--listen", f"{LOOPBACK}:{ports[0]}"]]
     else:
@@ -73,7 +77,7 @@ def start_nodes(backups: int, logs: Path, tag: str) -> list[Service]:
 
 
 def _request(port: int, operation: str, type: str = "", name: str = "", body: dict | None = None) -> Any:
-    with ManagementClient(f"{LOOPBACK}:{port}", timeout=10) as client:
+    with ManagementClient(f"{LOOPBACK}:{port}", timeout=10, login=_auth.users().login()) as client:
         return client.request(operation, type, name, body)
 
 
@@ -113,7 +117,8 @@ class _LatencySender(MessagingHandler):
         self._sent_at = 0.0
 
     def on_start(self, event: Any) -> None:
-        event.container.create_sender(event.container.connect(self.url, reconnect=False), self.address)
+        connection = event.container.connect(self.url, reconnect=False, **_auth.users().connect_options())
+        event.container.create_sender(connection, self.address)
 
     def on_sendable(self, event: Any) -> None:
         if self._sent_at == 0.0 and len(self.latencies) < self.count:
@@ -154,7 +159,8 @@ def measure(config: str, round_no: int, settings: Settings, latency_messages: in
             _request(port, "CREATE", "queue", name, {"arguments": {"qpid.replicate": "all"}})
         for figure in FIGURES:
             run = Run(round_no, config, figure, queues[figure], settings.count)
-            _measure(run, primary, partial(PHASES[figure], settings, port, run.queue))
+            _measure(run, primary, partial(PHASES[figure], settings, port, run.queue,
+                                           _auth.users().client_environment()))
             _progress(run, settings.runs)
             result["runs"].append(asdict(run))
         result["ack_latency"] = ack_latency(port, f"lat-{tag}", latency_messages)

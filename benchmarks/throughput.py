@@ -18,6 +18,11 @@ receiver must get exactly N messages, or the run is marked failed and is not
 counted as a rate. Then, for hastandby only, the memory figure: RSS before and
 after queueing ``--rss-messages`` messages on one queue.
 
+hastandby requires authentication, as in production: it reads the run's users
+file and the clients authenticate with PLAIN (``benchmarks/_auth.py``; once
+per connection, nothing per message).  The C broker is the stock example and
+takes the same clients without credentials.
+
 Results: a table on stdout and JSON in ``--out`` (``throughput-<UTC>.json``
 and ``throughput-latest.json``). Exit code 1 if any run failed.
 """
@@ -45,7 +50,7 @@ from typing import Any
 
 import psutil
 
-from benchmarks import cexamples
+from benchmarks import _auth, cexamples
 from benchmarks._proc import LOOPBACK, Service, free_port, python_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -77,12 +82,20 @@ class Target:
     cwd: Path
     env: dict[str, str] | None = None
     measure_rss: bool = False
+    authenticated: bool = False
+    """Clients must authenticate (``_auth``): hastandby; the C example broker takes anyone."""
+
+    @property
+    def client_env(self) -> dict[str, str] | None:
+        """The C clients' credentials for this broker (``cexamples.Client``'s ``env``)."""
+        return _auth.users().client_environment() if self.authenticated else None
 
     def start(self, host: str, port: int, log_path: Path) -> Service:
         """Start the broker and wait until it accepts AMQP connections (stops it on failure)."""
         service = Service(self.name, self.argv(host, str(port)), log_path, cwd=self.cwd, env=self.env)
         try:
-            service.wait_ready(host, port, START_TIMEOUT)
+            service.wait_ready(host, port, START_TIMEOUT,
+                               _auth.users().connect_options() if self.authenticated else None)
         except BaseException:
             service.stop()
             raise
@@ -94,13 +107,15 @@ def _c_broker_argv(host: str, port: str) -> list[str]:
 
 
 def _hastandby_argv(host: str, port: str) -> list[str]:
-    return [sys.executable, "-m", "hastandby", "serve", "--listen", f"{host}:{port}", "--log-format", "json"]
+    return [sys.executable, "-m", "hastandby", "serve", "--listen", f"{host}:{port}", "--log-format", "json",
+            *_auth.users().serve_arguments()]
 
 
 TARGETS: tuple[Target, ...] = (
     # cwd: broker.c loads ssl-certs/ relative to it (it still serves plain AMQP).
     Target("c-broker", "proton C example broker", _c_broker_argv, cwd=cexamples.EXAMPLES_DIR),
-    Target("hastandby", "hastandby", _hastandby_argv, cwd=REPO_ROOT, env=python_env(), measure_rss=True),
+    Target("hastandby", "hastandby", _hastandby_argv, cwd=REPO_ROOT, env=python_env(), measure_rss=True,
+           authenticated=True),
 )
 REFERENCE = TARGETS[0]
 """Ratios are every other target divided by this one."""
@@ -165,22 +180,23 @@ def _check_receive(run: cexamples.ClientRun, count: int) -> None:
         raise ClientFailure(f"receive exit {run.returncode}, received {received} of {count}: {_tail(run.stdout)}")
 
 
-def _send(settings: Settings, port: int, queue: str) -> None:
-    run = cexamples.run_send(LOOPBACK, port, queue, settings.count, settings.body_size, settings.client_timeout)
+def _send(settings: Settings, port: int, queue: str, env: dict[str, str] | None) -> None:
+    run = cexamples.run_send(LOOPBACK, port, queue, settings.count, settings.body_size, settings.client_timeout,
+                             env=env)
     _check_send(run, settings.count)
 
 
-def _receive(settings: Settings, port: int, queue: str) -> None:
-    run = cexamples.run_receive(LOOPBACK, port, queue, settings.count, settings.client_timeout)
+def _receive(settings: Settings, port: int, queue: str, env: dict[str, str] | None) -> None:
+    run = cexamples.run_receive(LOOPBACK, port, queue, settings.count, settings.client_timeout, env=env)
     _check_receive(run, settings.count)
 
 
-def _concurrent(settings: Settings, port: int, queue: str) -> None:
+def _concurrent(settings: Settings, port: int, queue: str, env: dict[str, str] | None) -> None:
     """Receiver first, so it is attached and waiting when the first message arrives."""
-    receiver = cexamples.start_receive(LOOPBACK, port, queue, settings.count)
+    receiver = cexamples.start_receive(LOOPBACK, port, queue, settings.count, env=env)
     sender: cexamples.Client | None = None
     try:
-        sender = cexamples.start_send(LOOPBACK, port, queue, settings.count, settings.body_size)
+        sender = cexamples.start_send(LOOPBACK, port, queue, settings.count, settings.body_size, env=env)
         _check_send(sender.wait(settings.client_timeout), settings.count)
         _check_receive(receiver.wait(settings.client_timeout), settings.count)
     finally:
@@ -189,7 +205,7 @@ def _concurrent(settings: Settings, port: int, queue: str) -> None:
             sender.kill()
 
 
-PHASES: dict[str, Callable[[Settings, int, str], None]] = {
+PHASES: dict[str, Callable[[Settings, int, str, dict[str, str] | None], None]] = {
     "send": _send,
     "receive": _receive,
     "concurrent": _concurrent,
@@ -238,7 +254,7 @@ def measure_round(target: Target, round_no: int, settings: Settings, logs: Path)
             if figure == "receive" and not runs["send"].ok:
                 run.error = "not run: the send figure that fills its queue failed"
             else:
-                _measure(run, service, partial(PHASES[figure], settings, port, run.queue))
+                _measure(run, service, partial(PHASES[figure], settings, port, run.queue, target.client_env))
             _progress(run, settings.runs)
     finally:
         service.stop()
@@ -269,7 +285,8 @@ def measure_memory(target: Target, settings: Settings, logs: Path) -> dict[str, 
         remaining = settings.rss_messages
         while remaining > 0:
             chunk = min(RSS_CHUNK, remaining)
-            run = cexamples.run_send(LOOPBACK, port, queue, chunk, settings.body_size, chunk_timeout)
+            run = cexamples.run_send(LOOPBACK, port, queue, chunk, settings.body_size, chunk_timeout,
+                                     env=target.client_env)
             _check_send(run, chunk)
             remaining -= chunk
         after = service.rss_bytes()
