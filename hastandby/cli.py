@@ -71,6 +71,67 @@ def main(context: click.Context, user: str | None, password_file: Path | None, s
     context.obj = Login(user, password, ssl_ca_file, ssl_cert_file, ssl_key_file)
 
 
+# -- serve: how to reach etcd ---------------------------------------------------------
+
+import functools  # here, with the etcd options that use them
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .lifecycle.etcd_client import EtcdSettings
+
+
+def _etcd_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--etcd`` and its TLS and login options, handed to ``command`` as one ``etcd``:
+    the ``EtcdSettings`` every etcd client of the node uses, or None without ``--etcd``."""
+    options = [
+        click.option("--etcd", "etcd_endpoints", metavar="URL[,URL...]",
+                     help="etcd client URLs, comma-separated, all http://HOST:PORT or all https://HOST:PORT: "
+                          "etcd elects the primary; when one fails the node moves to the next"),
+        click.option("--etcd-ca-file", type=click.Path(exists=True, dir_okay=False),
+                     help="CA that signs etcd's server certificate (needed with https)"),
+        click.option("--etcd-cert-file", type=click.Path(exists=True, dir_okay=False),
+                     help="this node's client certificate for etcd (etcd --client-cert-auth)"),
+        click.option("--etcd-key-file", type=click.Path(exists=True, dir_okay=False), help="its private key"),
+        click.option("--etcd-user", help="etcd user (etcd authentication; needs --etcd-password-file)"),
+        click.option("--etcd-password-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                     help="that user's password (first line of the file)"),
+    ]
+
+    @functools.wraps(command)
+    def run(*args: Any, etcd_endpoints: str | None, etcd_ca_file: str | None, etcd_cert_file: str | None,
+            etcd_key_file: str | None, etcd_user: str | None, etcd_password_file: Path | None,
+            **kwargs: Any) -> Any:
+        kwargs["etcd"] = _etcd_settings(etcd_endpoints, etcd_ca_file, etcd_cert_file, etcd_key_file, etcd_user,
+                                        etcd_password_file)
+        return command(*args, **kwargs)
+
+    for option in reversed(options):
+        run = option(run)
+    return run
+
+
+def _etcd_settings(endpoints: str | None, ca_file: str | None, cert_file: str | None, key_file: str | None,
+                   user: str | None, password_file: Path | None) -> EtcdSettings | None:
+    if not endpoints:
+        if ca_file or cert_file or key_file or user or password_file:
+            raise click.UsageError("the --etcd-* options need --etcd")
+        return None
+    if (user is None) != (password_file is None):
+        raise click.UsageError("--etcd-user and --etcd-password-file go together")
+    try:
+        password = read_password(password_file) if password_file else None
+    except ManagementError as error:
+        raise click.ClickException(str(error)) from None
+    from .lifecycle.etcd_client import EtcdSettings
+
+    try:
+        return EtcdSettings(endpoints, ca_file=ca_file, cert_file=cert_file, key_file=key_file, user=user,
+                            password=password)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--etcd") from None
+
+
 # -- serve -----------------------------------------------------------------------
 
 
@@ -96,7 +157,7 @@ def main(context: click.Context, user: str | None, password_file: Path | None, s
 @click.option("--client-refusal", type=click.Choice(["abort", "forced"]), default="abort", show_default=True,
               help="how a backup turns clients away otherwise: drop the connection (clients with a URL list "
                    "move on) or an AMQP close with amqp:connection:forced naming the primary")
-@click.option("--etcd", help="etcd client URL (http://HOST:PORT): etcd elects the primary")
+@_etcd_options
 @click.option("--cluster", "cluster_name", default="hastandby", show_default=True, help="cluster name in etcd")
 @click.option("--node-id", help="this node's id (default: kept in --data-dir, or random)")
 @click.option("--lease-ttl", type=click.IntRange(min=1), default=2, show_default=True,
@@ -123,7 +184,7 @@ def main(context: click.Context, user: str | None, password_file: Path | None, s
 def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, replicate: str | None,
           max_message_size: int, no_auto_create: bool, heartbeat: float | None, ha_cluster: bool,
           brokers_url: str, public_url: str | None, backup_timeout: float, client_redirect: bool,
-          client_refusal: str, etcd: str | None, cluster_name: str, node_id: str | None, lease_ttl: int,
+          client_refusal: str, etcd: EtcdSettings | None, cluster_name: str, node_id: str | None, lease_ttl: int,
           users_file: Path | None, allow_anonymous: bool, acl_file: Path | None, listen_tls: str | None,
           ssl_cert_file: Path | None, ssl_key_file: Path | None, ssl_ca_file: Path | None,
           ssl_require_client_cert: bool, peer_user: str | None, peer_password_file: Path | None,

@@ -21,13 +21,16 @@ import os
 import uuid as uuidlib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
 from hastandby.broker.errors import InvalidArgument
 
 from .protocol import MODES
+
+if TYPE_CHECKING:
+    from hastandby.lifecycle.etcd_client import EtcdSettings
 
 log = structlog.get_logger("hastandby.dr")
 
@@ -145,31 +148,35 @@ class FileStore:
 class EtcdStore:
     """``/hastandby/<cluster>/replication/<queue>`` in etcd, shared by every member.
 
-    Calls block the caller for at most ``timeout`` seconds; they happen on a
-    management request or an epoch change, never per message.
+    ``etcd`` is the node's ``EtcdSettings`` (the coordinator's endpoints, TLS
+    and user), or plain endpoints.  Each call blocks the caller for at most
+    ``timeout`` seconds, all endpoints tried included; calls happen on a
+    management request or an epoch change, never per message.  Failures
+    raise ``EtcdError``.
     """
 
-    def __init__(self, endpoint: str, cluster: str, timeout: float = 2.0) -> None:
+    def __init__(self, etcd: EtcdSettings | str, cluster: str, timeout: float = 2.0) -> None:
+        # Imported here: etcd_client sets up protobuf before etcd3 loads, only when etcd is used.
         from hastandby.lifecycle.cluster import ClusterKeys
-        from hastandby.lifecycle.coordinator import (
-            etcd_client,  # sets up protobuf before etcd3 loads
-        )
+        from hastandby.lifecycle.etcd_client import EtcdClient
 
         self.prefix = ClusterKeys(cluster).prefix + "replication/"
-        self._client = etcd_client(endpoint, timeout)
+        self._client = EtcdClient(etcd, timeout)
 
     def load(self) -> list[ReplicationConfig]:
         configs = []
-        for value, meta in self._client.get_prefix(self.prefix):
+        for kv in self._client.range_prefix(self.prefix, what="read replication configuration").kvs:
             try:
-                configs.append(ReplicationConfig.from_json(value))
+                configs.append(ReplicationConfig.from_json(kv.value))
             except (ValueError, TypeError, InvalidArgument) as error:
-                log.warning("ignoring unreadable replication config", key=meta.key.decode(), error=str(error))
+                log.warning("ignoring unreadable replication config", key=kv.key.decode(), error=str(error))
         return configs
 
     def save(self, config: ReplicationConfig) -> None:
-        self._client.put(self.prefix + config.queue, config.to_json())
+        self._client.put(self.prefix + config.queue, config.to_json(), what="store replication configuration")
 
     def remove(self, queue: str) -> None:
-        self._client.delete(self.prefix + queue)
+        self._client.delete(self.prefix + queue, what="remove replication configuration")
 
+    def close(self) -> None:
+        self._client.close()

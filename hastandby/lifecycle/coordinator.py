@@ -30,47 +30,35 @@ gets ``LEASE_LOST`` and the next ``publish_status`` takes a fresh lease.
 ``revoke_lease`` on graceful stop frees both keys at once, so a successor does
 not wait a TTL.
 
-Why some calls bypass the client's helpers: etcd3 0.12 applies one timeout to
-every call and its watcher thread cannot be stopped, so lease keepalive uses
-the generated gRPC stub with a per-call deadline, and the watch runs its own
-stream in a thread this class stops on ``close()``.  etcd3 0.12 talks to a
-single endpoint.
+etcd itself is reached through ``EtcdClient`` (``etcd_client.py``): several
+endpoints, TLS, a user's token, a deadline on every call.  When the current
+endpoint is unavailable the client moves to the next one, within the same
+call's time.  The lease survives such a switch: leases and keys live in the
+etcd cluster, not in a member, and a refresh counts as confirmed only when an
+endpoint answered it, from the moment *that* request was sent.  A switch
+also moves the watch stream to the new endpoint (a hung member would
+otherwise keep an open stream that never delivers anything).
+
+Why some calls bypass etcd3 0.12 altogether: it applies one timeout to every
+call, its watcher thread cannot be stopped, it talks to one endpoint and
+never renews its token; only its generated gRPC code is used.
 """
 
 from __future__ import annotations
 
-import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
 
-# etcd3 0.12 ships protobuf 3 generated code, which the C++/upb runtimes of
-# newer protobuf releases reject; the pure-Python runtime always loads it.
-os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
+import grpc
+import structlog
 
-import threading  # noqa: E402
-import time  # noqa: E402
-import warnings  # noqa: E402
-from collections.abc import Callable, Iterator  # noqa: E402
-from contextlib import contextmanager  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from enum import StrEnum  # noqa: E402
-from typing import Protocol  # noqa: E402
-from urllib.parse import urlsplit  # noqa: E402
-
-import grpc  # noqa: E402
-import structlog  # noqa: E402
-
-from hastandby.broker.fence import Fence  # noqa: E402
-
-with warnings.catch_warnings():
-    # etcd3 0.12's generated code calls protobuf descriptor functions that
-    # protobuf deprecates: import-time noise in every test run, nothing to fix here.
-    warnings.filterwarnings("ignore", "Call to deprecated create function", DeprecationWarning)
-    import etcd3
-    import etcd3.exceptions
-    import etcd3.transactions as txn
-    from etcd3 import etcdrpc
-    from etcd3.utils import increment_last_byte
-
-from hastandby.lifecycle.cluster import (  # noqa: E402
+from hastandby.broker.fence import Fence
+from hastandby.lifecycle.cluster import (
     ClusterKeys,
     ClusterSnapshot,
     Leader,
@@ -85,18 +73,31 @@ from hastandby.lifecycle.cluster import (  # noqa: E402
     encode_member,
     encode_sync,
 )
-from hastandby.lifecycle.states import NodeStatus  # noqa: E402
+from hastandby.lifecycle.etcd_client import (
+    EtcdClient,
+    EtcdError,
+    EtcdSettings,
+    EtcdUnavailable,
+    describe,
+    etcdrpc,
+    increment_last_byte,
+    txn,
+)
+from hastandby.lifecycle.states import NodeStatus
 
 log = structlog.get_logger(__name__)
 
 #: Shortest lease etcd grants with its default 1000 ms election timeout.
 MIN_LEASE_TTL = 2
-# gRPC's default reconnect backoff grows to 120 s; after an etcd outage the
-# node must see etcd again within about a second.
-_GRPC_OPTIONS = [
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
+
+__all__ = [  # EtcdSettings is built by the CLI from here
+    "MIN_LEASE_TTL",
+    "Coordinator",
+    "CoordinatorError",
+    "CoordinatorEvent",
+    "CoordinatorUnavailable",
+    "EtcdCoordinator",
+    "EtcdSettings",
 ]
 
 
@@ -117,6 +118,10 @@ Notify = Callable[[CoordinatorEvent], None]
 
 class CoordinatorError(Exception):
     """etcd could not do what was asked: unreachable, timed out or refused."""
+
+
+class CoordinatorUnavailable(CoordinatorError):
+    """No etcd endpoint answered in time (each one tried was unreachable, hung or without a leader)."""
 
 
 class Coordinator(Protocol):
@@ -193,40 +198,26 @@ class _Lease:
     refresh_failing: bool = False  # log a failing etcd once, not every retry
 
 
-def _describe(error: BaseException) -> str:
-    if isinstance(error, grpc.RpcError) and hasattr(error, "code"):
-        return f"{error.code().name}: {error.details()}"
-    return str(error) or type(error).__name__
-
-
-def _is_not_found(error: BaseException) -> bool:
-    return (
-        isinstance(error, grpc.RpcError)
-        and hasattr(error, "code")
-        and error.code() is grpc.StatusCode.NOT_FOUND
-    )
+def _is_not_found(error: BaseException | None) -> bool:
+    return isinstance(error, EtcdError) and error.code is grpc.StatusCode.NOT_FOUND
 
 
 @contextmanager
-def _etcd(what: str) -> Iterator[None]:
+def _etcd() -> Iterator[None]:
+    """etcd client errors as the coordinator's (the client's message names the call and the endpoint)."""
     try:
         yield
-    except (etcd3.exceptions.Etcd3Exception, grpc.RpcError) as error:
-        raise CoordinatorError(f"etcd {what} failed: {_describe(error)}") from error
-
-
-def etcd_client(endpoint: str, timeout: float) -> "etcd3.Etcd3Client":
-    """An etcd3 client for ``http://host:port`` (or ``host:port``)."""
-    parts = urlsplit(endpoint if "//" in endpoint else f"http://{endpoint}")
-    if parts.scheme != "http" or not parts.hostname:
-        raise ValueError(f"etcd endpoint must be http://host:port, not {endpoint!r}")
-    return etcd3.client(parts.hostname, parts.port or 2379, timeout=timeout, grpc_options=_GRPC_OPTIONS)
+    except EtcdUnavailable as error:
+        raise CoordinatorUnavailable(str(error)) from error
+    except EtcdError as error:
+        raise CoordinatorError(str(error)) from error
 
 
 class EtcdCoordinator:
-    """``Coordinator`` on etcd v3 (etcd3 0.12 client).
+    """``Coordinator`` on etcd v3 (``EtcdClient``).
 
-    ``endpoint``: ``http://host:port`` of one etcd server.  ``lease_ttl``:
+    ``etcd``: ``EtcdSettings`` (endpoints, TLS, user), or plain endpoints
+    (``http://host:port[,http://host:port...]``).  ``lease_ttl``:
     requested lease TTL in whole seconds (etcd may grant more).
     ``lease_margin``: how long before the earliest possible server-side
     expiry a primary must already have stepped down; it must cover the
@@ -235,7 +226,7 @@ class EtcdCoordinator:
 
     def __init__(
         self,
-        endpoint: str,
+        etcd: EtcdSettings | str,
         cluster: str,
         node_id: str,
         url: str,
@@ -261,7 +252,8 @@ class EtcdCoordinator:
         self._margin = lease_margin
         self._timeout = request_timeout
         self._retry_interval = min(0.5, lease_ttl / 6)
-        self._client = etcd_client(endpoint, request_timeout)
+        self._client = EtcdClient(etcd, request_timeout)
+        self._client.on_switch.append(self._endpoint_switched)
         self._lock = threading.Lock()
         self._lease: _Lease | None = None
         # Closed until a lease is granted, moved on by every confirmation, closed when the lease goes.
@@ -271,7 +263,8 @@ class EtcdCoordinator:
         self._lease_changed = threading.Event()
         self._keepalive_thread: threading.Thread | None = None
         self._watch_thread: threading.Thread | None = None
-        self._watch_call: grpc.RpcContext | None = None
+        self._watch_call: Any = None
+        self._watch_endpoint = -1  # index of the endpoint the watch stream is on
         self._watch_established = threading.Event()
         self._log = log.bind(cluster=cluster, node=node_id)
 
@@ -298,8 +291,8 @@ class EtcdCoordinator:
         if lease is None:
             return
         try:
-            with _etcd("revoke lease"):
-                self._client.revoke_lease(lease.id)
+            with _etcd():
+                self._client.revoke(lease.id)
         except CoordinatorError as error:
             if not _is_not_found(error.__cause__):
                 raise
@@ -315,10 +308,9 @@ class EtcdCoordinator:
         with self._lock:
             if self._lease is not None:
                 return self._lease
-        sent = time.monotonic()
-        with _etcd("grant lease"):
-            granted = self._client.lease(self._requested_ttl)
-        lease = _Lease(granted.id, granted.ttl, sent, sent + granted.ttl / 3)
+        with _etcd():
+            lease_id, ttl, sent = self._client.grant(self._requested_ttl)
+        lease = _Lease(lease_id, ttl, sent, sent + ttl / 3)
         with self._lock:
             self._lease = lease
             self.fence.until = sent + lease.ttl - self._margin
@@ -352,17 +344,20 @@ class EtcdCoordinator:
                 self._lease_changed.clear()
 
     def _refresh(self, lease: _Lease, until_unconfirmed: float) -> None:
-        # Never wait past the moment the lease would count as unconfirmed.
-        deadline = self._timeout if until_unconfirmed <= 0 else min(self._timeout, until_unconfirmed)
-        sent = time.monotonic()
+        # Never wait past the moment the lease would count as unconfirmed.  With several
+        # endpoints the client splits this budget between them, so a hung one leaves time
+        # for the next; ``sent`` is when the request etcd answered was sent, whichever
+        # endpoint that was.
+        budget = self._timeout if until_unconfirmed <= 0 else min(self._timeout, until_unconfirmed)
+        started = time.monotonic()
         try:
-            ttl = self._keepalive_once(lease.id, max(deadline, 0.05))
-        except grpc.RpcError as error:
+            sent, ttl = self._client.keepalive(lease.id, max(budget, 0.05))
+        except EtcdError as error:
             with self._lock:
-                lease.refresh_due = sent + self._retry_interval
+                lease.refresh_due = started + self._retry_interval
                 first_failure, lease.refresh_failing = not lease.refresh_failing, True
             report = self._log.warning if first_failure else self._log.debug
-            report("lease refresh failing", lease=lease.id, error=_describe(error))
+            report("lease refresh failing", lease=lease.id, error=str(error))
             return
         if ttl <= 0:
             with self._lock:
@@ -384,21 +379,14 @@ class EtcdCoordinator:
         if recovered:
             self._log.info("lease confirmed again", lease=lease.id)
 
-    def _keepalive_once(self, lease_id: int, deadline: float) -> int:
-        """One keepalive round trip; the TTL etcd reports (0: lease gone)."""
-        request = etcdrpc.LeaseKeepAliveRequest(ID=lease_id)
-        for response in self._client.leasestub.LeaseKeepAlive(iter([request]), deadline):
-            return int(response.TTL)
-        return 0
-
     # -- membership, election, handover -------------------------------------
 
     def publish_status(self, status: NodeStatus) -> None:
         value = encode_member(self.url, status)
         lease = self._ensure_lease()
         try:
-            with _etcd("publish status"):
-                self._client.put(self._keys.member(self.node_id), value, lease=lease.id)
+            with _etcd():
+                self._client.put(self._keys.member(self.node_id), value, lease.id, what="publish status")
         except CoordinatorError as error:
             if not _is_not_found(error.__cause__):
                 raise
@@ -407,13 +395,13 @@ class EtcdCoordinator:
                     self._lease = None
                     self.fence.close()
             lease = self._ensure_lease()
-            with _etcd("publish status"):
-                self._client.put(self._keys.member(self.node_id), value, lease=lease.id)
+            with _etcd():
+                self._client.put(self._keys.member(self.node_id), value, lease.id, what="publish status")
         self._log.debug("status published", status=str(status))
 
     def read_snapshot(self) -> ClusterSnapshot:
-        with _etcd("read snapshot"):
-            response = self._client.get_prefix_response(self._keys.prefix)
+        with _etcd():
+            response = self._client.range_prefix(self._keys.prefix, what="read snapshot")
         leader: Leader | None = None
         members: list[Member] = []
         handover: str | None = None
@@ -444,11 +432,12 @@ class EtcdCoordinator:
         claim = [txn.Put(leader_key, leader_value, lease.id), txn.Get(leader_key),
                  txn.Put(sync_key, encode_sync(sync, self.node_id))]
         unchanged_sync = txn.Mod(sync_key) == sync_revision
-        with _etcd("campaign"):
+        with _etcd():
             won, responses = self._client.transaction(
                 compare=[txn.Create(leader_key) == 0, txn.Version(handover_key) == 0, unchanged_sync],
                 success=claim,
                 failure=[txn.Get(leader_key), txn.Get(handover_key)],
+                what="campaign",
             )
             if not won:
                 current_leader, handover = responses
@@ -462,6 +451,7 @@ class EtcdCoordinator:
                              unchanged_sync],
                     success=claim,
                     failure=[],
+                    what="campaign",
                 )
                 if not won:
                     return None
@@ -470,11 +460,12 @@ class EtcdCoordinator:
         return term
 
     def update_sync(self, term: int, members: frozenset[str]) -> bool:
-        with _etcd("update sync set"):
+        with _etcd():
             written, _ = self._client.transaction(
                 compare=[txn.Create(self._keys.leader) == term],
                 success=[txn.Put(self._keys.sync, encode_sync(members, self.node_id))],
                 failure=[],
+                what="update sync set",
             )
         self._log.info("sync set written" if written else "sync set not written: not the leader",
                        term=term, sync=sorted(members))
@@ -487,25 +478,26 @@ class EtcdCoordinator:
             raise CoordinatorError(str(error)) from error
 
     def resign(self, term: int) -> bool:
-        with _etcd("resign"):
+        with _etcd():
             deleted, _ = self._client.transaction(
                 compare=[txn.Create(self._keys.leader) == term],
                 success=[txn.Delete(self._keys.leader)],
                 failure=[],
+                what="resign",
             )
         self._log.info("resigned" if deleted else "nothing to resign", term=term)
         return bool(deleted)
 
     def set_handover(self, target: str, ttl: int) -> None:
         self._keys.member(target)  # validates the id
-        with _etcd("set handover"):
-            lease = self._client.lease(ttl)
-            self._client.put(self._keys.handover, encode_handover(target), lease=lease.id)
-        self._log.info("handover set", target=target, ttl=lease.ttl)
+        with _etcd():
+            lease_id, granted, _ = self._client.grant(ttl, what="set handover")
+            self._client.put(self._keys.handover, encode_handover(target), lease_id, what="set handover")
+        self._log.info("handover set", target=target, ttl=granted)
 
     def clear_handover(self) -> None:
-        with _etcd("clear handover"):
-            self._client.delete(self._keys.handover)
+        with _etcd():
+            self._client.delete(self._keys.handover, what="clear handover")
         self._log.info("handover cleared")
 
     # -- watch ---------------------------------------------------------------
@@ -515,36 +507,65 @@ class EtcdCoordinator:
         return self._watch_established.wait(self._timeout)
 
     def _watch_loop(self) -> None:
-        stub = etcdrpc.WatchStub(self._client.channel)
         prefix = self._keys.prefix.encode()
         create = etcdrpc.WatchRequest(
             create_request=etcdrpc.WatchCreateRequest(key=prefix, range_end=increment_last_byte(prefix))
         )
         while not self._stop.is_set():
             ended = threading.Event()
-            call = stub.Watch(self._watch_requests(create, ended))
+            try:
+                call, endpoint, token = self._client.watch(self._watch_requests(create, ended))
+            except EtcdError as error:  # authentication failed, or no endpoint answered it
+                ended.set()
+                self._log.debug("watch not established", error=str(error))
+                self._stop.wait(self._retry_interval)
+                continue
             with self._lock:
-                self._watch_call = call
-                if self._stop.is_set():  # close() may have missed this call
+                self._watch_call, self._watch_endpoint = call, endpoint
+                # close() or a switch to another endpoint may have missed this call
+                if self._stop.is_set() or endpoint != self._client.current_index:
                     call.cancel()
+            moved = False
             try:
                 for response in call:
+                    if response.canceled:
+                        # etcd refused the watch; an expired or unknown token shows up only here
+                        # (a watch created and cancelled at once, "invalid auth token").
+                        if "auth token" in response.cancel_reason:
+                            self._log.info("watch refused the token; authenticating again")
+                            self._client.forget_token(token)
+                        else:
+                            self._log.warning("watch refused", reason=response.cancel_reason)
+                        break
                     if response.created:
+                        self._client.answered(endpoint)
                         self._watch_established.set()
-                        self._log.info("watch established")
+                        self._log.info("watch established", endpoint=self._client.settings.endpoints[endpoint])
                     if response.created or response.events:
                         # A new watch may have missed changes; tell the node either way.
                         self._tell(CoordinatorEvent.CLUSTER_CHANGED)
-                    if response.canceled:
-                        break
             except grpc.RpcError as error:
-                if not self._stop.is_set():
+                moved = error.code() is grpc.StatusCode.CANCELLED and endpoint != self._client.current_index
+                if not self._stop.is_set() and not moved:
                     report = self._log.warning if self._watch_established.is_set() else self._log.debug
-                    report("watch broken", error=_describe(error))
+                    report("watch broken", error=describe(error))
+                    if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                        self._client.failed(endpoint, error)
             finally:
                 ended.set()
                 self._watch_established.clear()
-            self._stop.wait(self._retry_interval)
+                with self._lock:
+                    self._watch_call = None
+            if not moved:  # a stream moved to another endpoint is re-established at once
+                self._stop.wait(self._retry_interval)
+
+    def _endpoint_switched(self, index: int) -> None:
+        """The client moved to endpoint ``index``: a watch on another endpoint moves too."""
+        with self._lock:
+            call = self._watch_call if self._watch_endpoint != index else None
+        if call is not None:
+            self._log.info("moving the watch", to=self._client.settings.endpoints[index])
+            call.cancel()
 
     def _watch_requests(
         self, create: etcdrpc.WatchRequest, ended: threading.Event
@@ -555,6 +576,11 @@ class EtcdCoordinator:
         ended.wait()
 
     # -- plumbing ------------------------------------------------------------
+
+    @property
+    def etcd_endpoint(self) -> str:
+        """The etcd endpoint calls go to now."""
+        return self._client.endpoint
 
     def _start_thread(self, attribute: str, target: Callable[[], None], role: str) -> None:
         with self._lock:

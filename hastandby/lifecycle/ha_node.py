@@ -37,7 +37,7 @@ from hastandby.client import Login, ManagementClient, ManagementError
 from hastandby.node import Node, split_hostport
 
 from .cluster import Leader
-from .coordinator import CoordinatorEvent, EtcdCoordinator
+from .coordinator import CoordinatorEvent, EtcdCoordinator, EtcdSettings
 from .election import ElectionLoop
 from .states import (
     Action,
@@ -62,7 +62,7 @@ class HaConfig:
     client_redirect: bool = False
     client_refusal: str = "abort"
     heartbeat: float = 2.0
-    etcd: str | None = None
+    etcd: EtcdSettings | str | None = None  # endpoints, TLS, user (EtcdSettings), or plain endpoints
     cluster: str = "hastandby"
     lease_ttl: int = 2
     lease_margin: float = 0.5
@@ -490,7 +490,7 @@ class HaNode:
             "primary": self._reachable(primary) if primary else None,
             "brokers": [self._reachable(a) for a in self._member_addresses()],
             "halted": self.halted,
-            "etcd": self.config.etcd,
+            "etcd": str(self.config.etcd) if self.config.etcd else None,  # the endpoints
         }
 
     def _reachable(self, address: str) -> str:
