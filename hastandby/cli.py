@@ -178,6 +178,9 @@ def _etcd_settings(endpoints: str | None, ca_file: str | None, cert_file: str | 
 @click.option("--peer-user", help="user this node authenticates as to its primary and DR sources (group cluster)")
 @click.option("--peer-password-file", type=click.Path(dir_okay=False, path_type=Path),
               help="that user's password (first line of the file)")
+@click.option("--memory-high-watermark", metavar="SIZE|FRACTION",
+              help="above this resident memory producers get no more credit until it falls below 80 % of it: "
+                   "a size (256MB, 2GiB) or a fraction of RAM [default: 0.4]")
 @click.option("--peer-tls", is_flag=True,
               help="connect to peers with TLS (verified with --ssl-ca-file; --ssl-cert-file presented); "
                    "peers then know this node by its --listen-tls address")
@@ -188,10 +191,11 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
           users_file: Path | None, allow_anonymous: bool, acl_file: Path | None, listen_tls: str | None,
           ssl_cert_file: Path | None, ssl_key_file: Path | None, ssl_ca_file: Path | None,
           ssl_require_client_cert: bool, peer_user: str | None, peer_password_file: Path | None,
-          peer_tls: bool) -> None:
+          memory_high_watermark: str | None, peer_tls: bool) -> None:
     """Run a node until SIGINT/SIGTERM.  --listen none: no plain listener (TLS only)."""
     from . import logs
     from .dr.service import DisasterRecovery, config_store
+    from .broker.memory import parse_watermark
     from .node import Node, NodeConfig
     from .security.acl import AclError
     from .security.credentials import CredentialsError
@@ -206,6 +210,10 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
         peer_password = read_password(peer_password_file) if peer_password_file else None
     except ManagementError as error:
         raise click.ClickException(str(error)) from None
+    try:
+        watermark = parse_watermark(memory_high_watermark) if memory_high_watermark else None
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--memory-high-watermark") from None
     config = NodeConfig(
         listen=None if listen == "none" else listen,
         data_dir=data_dir,
@@ -222,6 +230,7 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
         peer_user=peer_user,
         peer_password=peer_password,
         peer_tls=peer_tls,
+        memory_high_watermark=watermark,
     )
     if not config.listen and not config.listen_tls:
         raise click.UsageError("--listen none needs --listen-tls")

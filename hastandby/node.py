@@ -22,6 +22,7 @@ from . import __version__
 from .access import register_access_operations
 from .broker.authority import Authority
 from .broker.management import Management
+from .broker.memory import DEFAULT_FRACTION, LOW_FRACTION, SAMPLE_INTERVAL, total_ram
 from .broker.registry import Registry
 from .broker.server import BrokerHandler, Refusal
 from .broker.store import WiringStore
@@ -55,6 +56,7 @@ class NodeConfig:
     peer_user: str | None = None  # how this node authenticates to peers (its primary, a DR source)
     peer_password: str | None = None
     peer_tls: bool = False
+    memory_high_watermark: int | None = None  # bytes; default DEFAULT_FRACTION of the machine's RAM
 
     @property
     def users_path(self) -> Path | None:
@@ -108,6 +110,10 @@ class Node:
         self.handler.container_id = f"hastandby-{self.node_id}"
         self.driver = self.handler.driver
         self.driver.security = ServerSecurity(self.users, config.allow_anonymous)
+        self.memory = self.handler.memory
+        self.memory.high = config.memory_high_watermark or int(total_ram() * DEFAULT_FRACTION)
+        self.memory.low = int(self.memory.high * LOW_FRACTION)
+        self.management.query_extras["memory"] = self.memory.describe
         self.peer_security = ClientSecurity(config.peer_user, config.peer_password,
                                             config.tls.client_context() if config.peer_tls else None)
         self.status_extras: list[Callable[[], dict[str, Any]]] = []
@@ -143,6 +149,11 @@ class Node:
         """Run ``fn`` on the driver's thread; callable from any thread or a signal handler."""
         self.driver.call_soon_threadsafe(fn)
 
+    def _sample_memory(self) -> None:
+        self.memory.check()
+        if not self._stopping:
+            self.schedule(SAMPLE_INTERVAL, self._sample_memory)
+
     def _housekeeping(self) -> None:
         now = time.monotonic()
         for queue in list(self.registry.queues.values()):
@@ -163,6 +174,7 @@ class Node:
             "tls": self.config.listen_tls,
             "anonymous": self.config.allow_anonymous,
             "acl": self.authority.policy.source,
+            "memory": self.memory.describe(),
             "version": __version__,
             "pid": os.getpid(),
             "uptime": round(time.time() - self.started, 3),
@@ -188,6 +200,7 @@ class Node:
         signal.signal(signal.SIGHUP, lambda *_: self.call_soon_threadsafe(self.reload_acl))
         host, port = split_hostport(config.address)
         self.schedule(HOUSEKEEPING_INTERVAL, self._housekeeping)
+        self._sample_memory()
         for fn in self.on_start:
             self.schedule(0.0, fn)
         log.info("node serving", url=f"amqp://{host}:{port}", state=self.state, node_id=self.node_id, pid=os.getpid())

@@ -20,6 +20,7 @@ from . import sections
 from .completion import Completion
 from .errors import BrokerError, InvalidArgument, NotFound
 from .fence import Fence
+from .memory import MemoryAlarm
 from .queue import Queue
 
 if TYPE_CHECKING:
@@ -196,12 +197,16 @@ class IncomingLink:
         max_message_size: int,
         fence: Fence,
         on_fenced: Callable[[Connection], None],
+        memory: MemoryAlarm,
+        starved: set["IncomingLink"],
         may_publish: Callable[[str], None] | None = None,
         window: int = 1000,
     ) -> None:
         self.link = link
         self.fence = fence
         self.on_fenced = on_fenced
+        self.memory = memory
+        self.starved = starved  # the links denied credit during a memory alarm, topped up when it clears
         self.may_publish = may_publish  # the anonymous relay's check of each message's address
         self._impl = link._impl
         self.node = node  # None: anonymous relay, route on each message's 'to'
@@ -211,7 +216,18 @@ class IncomingLink:
         self.closed = False
 
     def start(self) -> None:
-        lib.pn_link_flow(self._impl, self.window)
+        self.refill()
+
+    def refill(self) -> None:
+        """Top the producer's credit up to the window, unless memory is short (memory.py)."""
+        if self.closed:
+            return
+        if self.memory.blocked:
+            self.starved.add(self)
+            return
+        credit = lib.pn_link_credit(self._impl)
+        if credit < self.window:
+            lib.pn_link_flow(self._impl, self.window - credit)
 
     def on_delivery(self, delivery: Any) -> None:
         impl = self._impl
@@ -233,7 +249,10 @@ class IncomingLink:
         data = take_payload(impl, size)
         credit = _pn_link_credit(impl)
         if credit < self.window // 2:
-            _pn_link_flow(impl, self.window - credit)
+            if self.memory.blocked:
+                self.starved.add(self)
+            else:
+                _pn_link_flow(impl, self.window - credit)
         if not data:
             # proton's reconnect re-sends an in-doubt delivery as an empty transfer:
             # no message, nothing to queue (a consumer could not decode it).
@@ -289,6 +308,7 @@ class IncomingLink:
 
     def close(self) -> None:
         self.closed = True
+        self.starved.discard(self)
 
 
 def _reject(delivery: Any, error: BrokerError) -> None:

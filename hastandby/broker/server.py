@@ -49,6 +49,7 @@ from .fence import Fence
 from .links import IncomingLink, OutgoingLink
 from .management import ADDRESS as MANAGEMENT_ADDRESS
 from .management import Management, ManagementLink
+from .memory import MemoryAlarm
 from .queue import Queue
 from .registry import REPLICATE, Node, Registry, queue_settings
 
@@ -121,10 +122,22 @@ class BrokerHandler(Handler):
         self.driver: Driver = Driver(self)
         self.admission: Admission = lambda connection: None
         self.fence = Fence()
+        self.memory = MemoryAlarm(high=2**62)  # the node sets its watermark and samples it
+        self.memory.listeners.append(self._memory_changed)
+        self._starved: set[IncomingLink] = set()
         self.fenced_refusal: Callable[[], Refusal] = lambda: Refusal(
             Condition("amqp:connection:forced", "this node may not take messages now"))
         self.attach_hooks: list[AttachHook] = []
         self.connections: set[Connection] = set()
+
+    def _memory_changed(self, blocked: bool) -> None:
+        """The alarm cleared: every producer link denied credit meanwhile gets it now."""
+        if blocked:
+            return
+        starved = list(self._starved)  # the links hold this set: emptied in place
+        self._starved.clear()
+        for link in starved:
+            link.refill()
 
     @property
     def authority(self) -> Authority:
@@ -302,10 +315,11 @@ class BrokerHandler(Handler):
         principal = principal_of(link.connection)
         if address:
             node = self._resolve(principal, address, "publish")
-            return IncomingLink(link, node, self.registry, self.max_message_size, self.fence, self.fenced)
+            return IncomingLink(link, node, self.registry, self.max_message_size, self.fence, self.fenced,
+                                self.memory, self._starved)
         # The anonymous relay: each message's own address is checked (a call per message, on relay links only).
         return IncomingLink(link, None, self.registry, self.max_message_size, self.fence, self.fenced,
-                            lambda name: self.authority.check(principal, "publish", name))
+                            self.memory, self._starved, lambda name: self.authority.check(principal, "publish", name))
 
     def _resolve(self, principal: Principal, address: str, action: str) -> Node:
         """The node an attach names, checking ``action`` on it (and ``create`` if it is new)."""

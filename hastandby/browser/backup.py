@@ -13,16 +13,24 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import structlog
-from proton import Connection, Endpoint, Event, Session
+from proton import Connection, Endpoint, Event, Link, Session
 
 from hastandby.broker.driver import Driver, Timer
+from hastandby.broker.memory import MemoryAlarm
 from hastandby.broker.outbound import Address, Outbound
 from hastandby.broker.queue import Queue
 from hastandby.broker.registry import Registry
 from hastandby.security.pipe import ClientSecurity
 from hastandby.wiring.reconcile import WiringReplica
 
-from .protocol import BACKUP_PROPERTY, LINEAGE_PROPERTY, WIRING_ADDRESS, receive_control
+from .protocol import (
+    BACKUP_PROPERTY,
+    LINEAGE_PROPERTY,
+    STATUS_ADDRESS,
+    WIRING_ADDRESS,
+    encode_control,
+    receive_control,
+)
 from .replicator import QueueReplicator
 
 log = structlog.get_logger("hastandby.backup")
@@ -67,6 +75,7 @@ class BackupReplication:
         on_connected: Callable[[int, dict[str, Any]], None],
         on_members: Callable[[int, list[dict[str, Any]]], None],
         on_lost: Callable[[str], None],
+        memory: MemoryAlarm,
         security: ClientSecurity | None = None,
     ) -> None:
         self.registry = registry
@@ -82,6 +91,10 @@ class BackupReplication:
         self.primary_term = 0
         self.connection: Connection | None = None
         self.session: Session | None = None
+        self.memory = memory
+        memory.listeners.append(self.memory_changed)
+        self.status_link: Link | None = None
+        self._status_seq = 0
         self._reported: dict[QueueReplicator, int] = {}
         self._progress_timer: Timer | None = None
         self.outbound = Outbound(
@@ -123,6 +136,26 @@ class BackupReplication:
         self.driver.register(link, WiringReceiver(self))
         link.open()
         link.flow(100)
+        status = session.sender("qpid.ha-status")
+        status.target.address = STATUS_ADDRESS
+        status.snd_settle_mode = Link.SND_SETTLED
+        status.open()
+        self.status_link = status
+        self._send_status()
+
+    def memory_changed(self, blocked: bool) -> None:
+        """This node's memory alarm changed: tell the primary, which holds its producers meanwhile."""
+        self._send_status()
+
+    def _send_status(self) -> None:
+        link = self.status_link
+        if link is None or not link.state & Endpoint.LOCAL_ACTIVE:
+            return
+        self._status_seq += 1
+        delivery = link.delivery(b"s%d" % self._status_seq)
+        link.send(encode_control({"memory_alarm": self.memory.local}))
+        link.advance()
+        delivery.settle()
 
     def lost(self, reason: str) -> None:
         log.info("lost the primary", reason=reason, primary=(self.primary or {}).get("url"))
@@ -202,6 +235,7 @@ class BackupReplication:
                 replicator.link.close()
 
     def _drop_links(self) -> None:
+        self.status_link = None
         for replicator in self.replicators.values():
             replicator.close()
             if replicator.link is not None:

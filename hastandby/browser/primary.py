@@ -38,6 +38,7 @@ from hastandby.broker import lineage
 from hastandby.broker.errors import InvalidArgument, NotFound
 from hastandby.broker.exchange import Binding
 from hastandby.broker.links import send_payload
+from hastandby.broker.memory import MemoryAlarm
 from hastandby.broker.queue import Queue
 from hastandby.broker.registry import Node, Registry
 from hastandby.broker.values import plain
@@ -50,9 +51,11 @@ from .protocol import (
     IDS_PROPERTY,
     LINEAGE_PROPERTY,
     REPLICATE_PROPERTY,
+    STATUS_ADDRESS,
     TERM_PROPERTY,
     WIRING_ADDRESS,
     encode_control,
+    receive_control,
 )
 from .subscription import ReplicatingSubscription
 
@@ -107,6 +110,33 @@ class WiringLink:
         if self.publisher is not None:
             self.publisher.close()
         self.replication.disconnected(self.backup, self)
+
+
+class StatusReceiver:
+    """A backup's status link: its memory alarm, which holds this primary's producers too (memory.py)."""
+
+    def __init__(self, link: Link, memory: MemoryAlarm, node_id: str) -> None:
+        self.link = link
+        self.memory = memory
+        self.node_id = node_id
+
+    def start(self) -> None:
+        self.link.flow(10)
+
+    def on_delivery(self, impl: Any) -> None:
+        body = receive_control(impl)
+        if body is not None:
+            self.memory.set_remote(self.node_id, bool(body.get("memory_alarm")))
+
+    def flow(self) -> None:
+        pass
+
+    def fail(self, error: Exception) -> None:
+        self.close()
+        self.link.close()
+
+    def close(self) -> None:
+        self.memory.set_remote(self.node_id, None)
 
 
 class RemoteBackup:
@@ -171,6 +201,7 @@ class PrimaryReplication:
         on_expected_done: Callable[[bool], None],
         on_members: Callable[[], None] = lambda: None,
         keeps_sync_set: bool = False,
+        memory: MemoryAlarm | None = None,
     ) -> None:
         self.registry = registry
         self.driver = driver
@@ -180,6 +211,7 @@ class PrimaryReplication:
         self.on_expected_done = on_expected_done
         self.on_members = on_members
         self.keeps_sync_set = keeps_sync_set
+        self.memory = memory or MemoryAlarm(high=2**62)
         self.backups: dict[str, RemoteBackup] = {}
         self.leaving: dict[str, RemoteBackup] = {}  # out of sync_wanted, holding until etcd confirms
         self.sync_wanted: frozenset[str] = frozenset()  # rebound whole: the election thread reads it
@@ -275,10 +307,12 @@ class PrimaryReplication:
     # -- links from backups -------------------------------------------------------------
 
     def attach(self, link: Link) -> Any:
-        """Claim a backup's wiring link or replicating browser; None for anything else."""
-        if not link.is_sender:
-            return None
+        """Claim a backup's wiring link, replicating browser or status link; None for anything else."""
         info = backup_info(link.connection)
+        if not link.is_sender:
+            if info is not None and link.remote_target.address == STATUS_ADDRESS:
+                return StatusReceiver(link, self.memory, str(info.get("node_id", "")))
+            return None
         properties = plain(link.remote_properties or {})
         address = link.remote_source.address
         if info is None:

@@ -14,6 +14,11 @@ One connection per backup, marked with the connection property
   the divergence point below which ids name the same messages, and the
   backup drops its copy's tail from there before the first batch arrives.
 
+The backup also opens a *status* link, a sender to ``$ha.status``: it tells
+the primary its memory alarm (``{"memory_alarm": bool}``) when the link opens
+and whenever it changes, and the primary holds its producers while any backup
+is in alarm (``broker/memory.py``).
+
 On a replicating browser messages travel in *batches*: every message the
 primary's queue gave the browser during one pass of engine events goes in one
 delivery (tag ``b`` + its first id), each message as the producer's bytes,
@@ -48,6 +53,7 @@ IDS_PROPERTY = symbol("qpid.ha-ids")
 TERM_PROPERTY = symbol("qpid.ha-term")
 LINEAGE_PROPERTY = symbol("qpid.ha-lineage")
 WIRING_ADDRESS = "$ha.wiring"
+STATUS_ADDRESS = "$ha.status"
 DEQUEUE_TAG = b"d"
 BATCH_TAG = b"b"
 

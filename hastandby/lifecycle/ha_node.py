@@ -105,6 +105,7 @@ class HaNode:
             on_connected=self._connected,
             on_members=self._members,
             on_lost=self._lost,
+            memory=node.handler.memory,
             security=node.peer_security,
         )
         node.state = str(self.status.state)
@@ -337,6 +338,7 @@ class HaNode:
             on_expected_done=self._expected_done,
             on_members=election.wake if election is not None else lambda: None,
             keeps_sync_set=election is not None,
+            memory=self.node.handler.memory,
         )
         if not self.primary.recovering:
             self.node.schedule(0.0, lambda: self.fire(Event.EXPECTED_BACKUPS_READY))
