@@ -71,7 +71,7 @@ STATUS_EVERY = 0.2
 TIME_LIMIT = 600.0  # a client ends by itself after this long, whatever happens
 
 
-class History:
+class HistoryWriter:
     """Thread-safe JSON-lines writer: one line per event, stamped with ``time.time()``."""
 
     def __init__(self, out: IO[str]) -> None:
@@ -91,7 +91,7 @@ class History:
 class _Client(MessagingHandler):
     """One client on its own thread and container; subclasses open their link and do the messaging."""
 
-    def __init__(self, name: str, urls: list[str], queue: str, history: History, pinned: bool = False,
+    def __init__(self, name: str, urls: list[str], queue: str, history: HistoryWriter, pinned: bool = False,
                  **handler: Any) -> None:
         super().__init__(**handler)
         self.name = name
@@ -261,7 +261,7 @@ class _Client(MessagingHandler):
 class Producer(_Client):
     """Unique ids ``NAME-000001``..., at ``rate`` per second and/or ``send(count)`` more; see the module docstring."""
 
-    def __init__(self, name: str, urls: list[str], queue: str, history: History, rate: float = 0.0,
+    def __init__(self, name: str, urls: list[str], queue: str, history: HistoryWriter, rate: float = 0.0,
                  pinned: bool = False) -> None:
         super().__init__(name, urls, queue, history, pinned=pinned, auto_settle=True)
         self.rate = rate
@@ -380,7 +380,7 @@ class Producer(_Client):
 class Consumer(_Client):
     """Receives and accepts everything; records each message id (duplicates included)."""
 
-    def __init__(self, name: str, urls: list[str], queue: str, history: History, rate: float = 0.0) -> None:
+    def __init__(self, name: str, urls: list[str], queue: str, history: HistoryWriter, rate: float = 0.0) -> None:
         super().__init__(name, urls, queue, history, prefetch=0, auto_accept=False)
         self.rate = rate  # most messages per second (0: as fast as they come)
         self._allowance = 0.0
@@ -463,7 +463,7 @@ class Consumer(_Client):
 class _Process:
     """The clients of one workload process and the commands that drive them."""
 
-    def __init__(self, urls: list[str], queue: str, history: History) -> None:
+    def __init__(self, urls: list[str], queue: str, history: HistoryWriter) -> None:
         self.urls = urls
         self.queue = queue
         self.history = history
@@ -527,7 +527,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--history", type=Path, required=True, help="JSON-lines file of every client event")
     args = parser.parse_args(None if argv is None else list(argv))
     with open(args.history, "a", encoding="utf-8") as out:
-        history = History(out)
+        history = HistoryWriter(out)
         process = _Process([u for u in args.urls.split(",") if u], args.queue, history)
 
         def read_commands() -> None:

@@ -21,8 +21,7 @@ from typing import Any
 
 from .._proc import python_env
 from ..throughput import REPO_ROOT
-from .clients import Consumer
-from .clients import History as HistoryWriter
+from .clients import Consumer, HistoryWriter
 from .network import Host
 
 PRODUCER_RATE = 25.0  # messages/s per background producer
