@@ -417,7 +417,7 @@ class SecureHa:
         etcd = ["--etcd", str(settings), "--etcd-ca-file", str(settings.ca_file),
                 "--etcd-cert-file", str(settings.cert_file), "--etcd-key-file", str(settings.key_file),
                 "--etcd-user", login.user, "--etcd-password-file", str(login.password_file)]
-        self.nodes = [NodeProcess(log_dir, *auth.serve_arguments(), *etcd, "--cluster", self.name,
+        self.nodes = [NodeProcess(log_dir, *etcd, "--cluster", self.name,  # NodeProcess adds the AMQP users
                                   "--node-id", f"n{i}", "--lease-ttl", str(TTL), "--brokers-url", brokers,
                                   port=port, name=f"n{i}")
                       for i, port in enumerate(ports)]
@@ -477,11 +477,11 @@ def test_nodes_elect_and_fail_over_through_tls_authentication_and_a_lost_etcd_me
 
         cluster.members[followers[0]].kill()  # the member every node talks to first
         deadline = time.monotonic() + 3 * TTL
-        while time.monotonic() < deadline:  # the primary never steps down
-            assert ha.states([primary])[0] == ("primary", term), ha.nodes[primary].log()
+        while time.monotonic() < deadline:  # the primary never steps down (None: a status request timed out)
+            assert ha.states([primary])[0] in (("primary", term), (None, None)), ha.nodes[primary].log()
             time.sleep(0.05)
         assert ha.wait_settled([0, 1, 2], timeout=5) == (primary, term)
-        assert "switching" in ha.nodes[primary].log()
+        assert "etcd endpoint failing; switching" in ha.nodes[primary].log_path.read_text()
 
         killed_at = time.monotonic()
         ha.nodes[primary].kill()
