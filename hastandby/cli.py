@@ -146,7 +146,7 @@ def _etcd_settings(endpoints: str | None, ca_file: str | None, cert_file: str | 
               help="largest message accepted, in bytes (0: no limit)")
 @click.option("--no-auto-create", is_flag=True, help="refuse links to unknown addresses instead of creating queues")
 @click.option("--heartbeat", type=click.FloatRange(min=0),
-              help="idle timeout advertised to peers, seconds; 0 is off [0; 2 with --ha-cluster]")
+              help="idle timeout advertised to peers, seconds; 0 is off [60; 2 with --ha-cluster]")
 @click.option("--ha-cluster", is_flag=True, help="run as a member of a hot-standby cluster (starts connecting)")
 @click.option("--brokers-url", default="", help="every member's HOST:PORT, comma-separated")
 @click.option("--public-url", help="the HOST:PORT clients and peers know this node by (default: --listen)")
@@ -181,6 +181,9 @@ def _etcd_settings(endpoints: str | None, ca_file: str | None, cert_file: str | 
 @click.option("--memory-high-watermark", metavar="SIZE|FRACTION",
               help="above this resident memory producers get no more credit until it falls below 80 % of it: "
                    "a size (256MB, 2GiB) or a fraction of RAM [default: 0.4]")
+@click.option("--limit", "limits", multiple=True, metavar="NAME=VALUE",
+              help="a resource limit, e.g. --limit connections=20000 (0: none); names and defaults in "
+                   "docs/limits.md")
 @click.option("--peer-tls", is_flag=True,
               help="connect to peers with TLS (verified with --ssl-ca-file; --ssl-cert-file presented); "
                    "peers then know this node by its --listen-tls address")
@@ -191,7 +194,7 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
           users_file: Path | None, allow_anonymous: bool, acl_file: Path | None, listen_tls: str | None,
           ssl_cert_file: Path | None, ssl_key_file: Path | None, ssl_ca_file: Path | None,
           ssl_require_client_cert: bool, peer_user: str | None, peer_password_file: Path | None,
-          memory_high_watermark: str | None, peer_tls: bool) -> None:
+          memory_high_watermark: str | None, limits: tuple[str, ...], peer_tls: bool) -> None:
     """Run a node until SIGINT/SIGTERM.  --listen none: no plain listener (TLS only)."""
     from . import logs
     from .dr.service import DisasterRecovery, config_store
@@ -205,7 +208,7 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
     if etcd:
         ha_cluster = True
     if heartbeat is None:
-        heartbeat = 2.0 if ha_cluster else 0.0
+        heartbeat = 2.0 if ha_cluster else 60.0
     try:
         peer_password = read_password(peer_password_file) if peer_password_file else None
     except ManagementError as error:
@@ -231,6 +234,7 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
         peer_password=peer_password,
         peer_tls=peer_tls,
         memory_high_watermark=watermark,
+        limits=_parse_limits(limits),
     )
     if not config.listen and not config.listen_tls:
         raise click.UsageError("--listen none needs --listen-tls")
@@ -253,6 +257,24 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
         raise click.ClickException(str(error)) from None
     except OSError as error:
         raise click.ClickException(f"cannot serve on {config.address}: {error}") from None
+
+
+def _parse_limits(pairs: tuple[str, ...]) -> Any:
+    """``--limit NAME=VALUE`` options onto the default Limits."""
+    import dataclasses
+
+    from .broker.limits import Limits
+
+    known = {f.name for f in dataclasses.fields(Limits)}
+    values: dict[str, int] = {}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        name = name.strip().replace("-", "_")
+        if name not in known or not value.strip().isdigit():
+            raise click.BadParameter(f"{pair!r}: expected NAME=NUMBER with NAME one of {', '.join(sorted(known))}",
+                                     param_hint="--limit")
+        values[name] = int(value)
+    return Limits(**values)
 
 
 # -- add / del ---------------------------------------------------------------------

@@ -21,6 +21,7 @@ from proton import Condition
 from . import __version__
 from .access import register_access_operations
 from .broker.authority import Authority
+from .broker.limits import Limits
 from .broker.management import Management
 from .broker.memory import DEFAULT_FRACTION, LOW_FRACTION, SAMPLE_INTERVAL, total_ram
 from .broker.registry import Registry
@@ -57,6 +58,7 @@ class NodeConfig:
     peer_password: str | None = None
     peer_tls: bool = False
     memory_high_watermark: int | None = None  # bytes; default DEFAULT_FRACTION of the machine's RAM
+    limits: Limits = field(default_factory=Limits)
 
     @property
     def users_path(self) -> Path | None:
@@ -99,17 +101,19 @@ class Node:
         self.users = Credentials.load(users_path) if users_path is not None else Credentials()
         policy = Acl.load(config.acl_file) if config.acl_file is not None else None
         self.authority = Authority(self.users, policy, config.allow_anonymous)
-        self.management = Management(self.registry, self.status, self.authority)
+        self.management = Management(self.registry, self.status, self.authority, config.limits)
         register_access_operations(self.management, self.authority, config.acl_file)
         self.handler = BrokerHandler(
             self.registry,
             self.management,
             max_message_size=config.max_message_size,
             idle_timeout=config.heartbeat,
+            limits=config.limits,
         )
         self.handler.container_id = f"hastandby-{self.node_id}"
         self.driver = self.handler.driver
         self.driver.security = ServerSecurity(self.users, config.allow_anonymous)
+        self.driver.max_handshakes = config.limits.handshakes
         self.memory = self.handler.memory
         self.memory.high = config.memory_high_watermark or int(total_ram() * DEFAULT_FRACTION)
         self.memory.low = int(self.memory.high * LOW_FRACTION)

@@ -105,6 +105,7 @@ class Socket:
         self._inbound = bytearray()
         self._outbound = bytearray()
         self._refusing: str | None = None  # the handshake failed: send what is left, then close
+        self.counted = pipe is not None and pipe.server_side  # in the driver's count of handshakes
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -172,6 +173,7 @@ class Socket:
             return
         if pipe.principal is not None and getattr(self.connection, "hs_principal", None) is None:
             self.connection.hs_principal = pipe.principal
+            self._handshake_over()
         self._push_inbound()
         self.driver.dirty.add(self)
 
@@ -268,10 +270,16 @@ class Socket:
             self.events = wanted
             self.driver.selector.modify(self.sock, wanted, self)
 
+    def _handshake_over(self) -> None:
+        if self.counted:
+            self.counted = False
+            self.driver.handshaking -= 1
+
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
+        self._handshake_over()
         self.driver.forget(self)
         try:
             self.sock.close()
@@ -299,7 +307,11 @@ class _Listener:
             except OSError as error:
                 log.warning("accept failed", error=str(error))
                 return
-            self.driver.adopt(conn, self.tls)
+            driver = self.driver
+            if driver.max_handshakes and driver.handshaking >= driver.max_handshakes:
+                conn.close()  # a flood of sockets that never authenticate: turn them away at the door
+                continue
+            driver.adopt(conn, self.tls)
 
     def close(self) -> None:
         self.driver.selector.unregister(self.sock)
@@ -349,6 +361,8 @@ class Driver:
         # What accepted connections are authenticated against; None only where
         # no client ever connects (unit tests of the layers above).
         self.security: ServerSecurity | None = None
+        self.max_handshakes = 0  # accepted sockets still in TLS/SASL at once (0: no limit)
+        self.handshaking = 0
         self.schedule(TICK_INTERVAL, self._tick)
 
     # -- registration ----------------------------------------------------------
@@ -399,6 +413,8 @@ class Driver:
         transport = Transport(Transport.SERVER)  # told nothing of SASL: the pipe does it
         transport.bind(connection)
         pipe = self.security.pipe(tls) if self.security is not None else None
+        if pipe is not None:
+            self.handshaking += 1
         return self._add(Socket(self, sock, transport, connection, pipe))
 
     def connect(self, host: str, port: int, connection: Connection, handler: Any,

@@ -33,6 +33,7 @@ from hastandby.security.credentials import Credentials
 from . import lineage
 from .authority import Authority, principal_of
 from .errors import BrokerError, InvalidArgument, NotFound
+from .limits import Limits
 from .links import close_link, receive_whole
 from .registry import Registry
 from .values import plain
@@ -76,9 +77,10 @@ class Management:
     """Dispatches management requests to operations on the registry and beyond."""
 
     def __init__(self, registry: Registry, status: Callable[[], dict[str, Any]],
-                 authority: Authority | None = None) -> None:
+                 authority: Authority | None = None, limits: Limits | None = None) -> None:
         self.registry = registry
         self.authority = authority or Authority(Credentials(), allow_anonymous=True)
+        self.limits = limits or Limits()
         self.guards: list[Guard] = []
         self.query_extras: dict[str, Callable[[], Any]] = {}
         self._operations: dict[str, Operation] = {
@@ -142,6 +144,8 @@ class Management:
     def _create(self, request: Request) -> tuple[int, Any]:
         body = request.body
         if request.type == "queue":
+            if request.name not in self.registry.queues:
+                self.limits.check("queues", len(self.registry.queues), self.limits.queues)
             queue, created = self.registry.declare_queue(
                 request.name,
                 request.arguments(),

@@ -118,6 +118,7 @@ class Registry:
         self.exchanges: dict[str, Exchange] = {}
         self.observers: list[RegistryObserver] = []
         self.read_only: dict[str, str] = {}  # queue name -> why producers are refused (a DR replica)
+        self.auto_created: set[str] = set()  # queues made by attaching to an unknown address (limits.py)
         self._schedule = scheduler
         for name, kind in BUILTIN_EXCHANGES.items():
             self.exchanges[name] = Exchange(name, kind, builtin=True)
@@ -149,6 +150,7 @@ class Registry:
         if address.startswith(RESERVED_PREFIX):
             raise NotFound(f"no such node: {address!r} (names starting with {RESERVED_PREFIX!r} are reserved)")
         queue, _ = self.declare_queue(address)
+        self.auto_created.add(queue.name)
         return queue
 
     # -- queues --------------------------------------------------------------
@@ -215,6 +217,7 @@ class Registry:
     def _remove_queue(self, queue: Queue, reroute: bool) -> None:
         if self.queues.get(queue.name) is not queue:
             return
+        self.auto_created.discard(queue.name)
         for exchange in self.exchanges.values():
             for binding in [b for b in exchange.bindings if b.queue is queue]:
                 self._unbind(binding)

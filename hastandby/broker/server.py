@@ -22,6 +22,7 @@ Hooks for the layers above (the core knows nothing of HA):
 
 from __future__ import annotations
 
+import collections
 import functools
 import uuid as uuidlib
 from dataclasses import dataclass
@@ -43,9 +44,10 @@ from hastandby.security.sasl import Principal
 
 from .authority import Authority, principal_of
 from .driver import Driver
-from .errors import BrokerError, InvalidArgument, ResourceLocked
+from .errors import BrokerError, InvalidArgument, ResourceLimitExceeded, ResourceLocked
 from .exchange import Exchange
 from .fence import Fence
+from .limits import Limits
 from .links import IncomingLink, OutgoingLink
 from .management import ADDRESS as MANAGEMENT_ADDRESS
 from .management import Management, ManagementLink
@@ -112,12 +114,15 @@ class BrokerHandler(Handler):
         management: Management,
         max_message_size: int = 0,
         idle_timeout: float = 0.0,
+        limits: Limits | None = None,
     ) -> None:
         super().__init__()
         self.registry = registry
         self.management = management
         self.max_message_size = max_message_size
         self.idle_timeout = idle_timeout
+        self.limits = limits or Limits()
+        self._per_user: collections.Counter[str] = collections.Counter()
         self.container_id = "hastandby"
         self.driver: Driver = Driver(self)
         self.admission: Admission = lambda connection: None
@@ -171,8 +176,13 @@ class BrokerHandler(Handler):
 
     @guarded
     def on_connection_bound(self, event: Event) -> None:
-        if self.idle_timeout and event.transport is not None:
-            event.transport.idle_timeout = self.idle_timeout
+        transport = event.transport
+        if transport is None:
+            return
+        if self.idle_timeout:
+            transport.idle_timeout = self.idle_timeout
+        if self.limits.max_frame_size:
+            transport.max_frame_size = self.limits.max_frame_size
 
     @guarded
     def on_connection_remote_open(self, event: Event) -> None:
@@ -187,8 +197,20 @@ class BrokerHandler(Handler):
             self._end(connection, refusal)
             return
         connection.container = self.container_id
+        user = principal_of(connection).user
+        try:
+            self.limits.check("connections", len(self.connections), self.limits.connections)
+            self.limits.check(f"connections of user {user!r}", self._per_user[user],
+                              self.limits.connections_per_user)
+        except ResourceLimitExceeded as error:
+            log.warning("connection refused", user=user, reason=str(error))
+            connection.open()
+            self._end(connection, Refusal(Condition(error.condition, str(error))))
+            return
         connection.open()
         self.connections.add(connection)
+        self._per_user[user] += 1
+        connection.hs_counted = [0, 0]  # sessions, links
 
     @guarded
     def on_connection_remote_close(self, event: Event) -> None:
@@ -208,7 +230,12 @@ class BrokerHandler(Handler):
             log.info("transport error", error=condition.name, description=condition.description)
 
     def _drop_connection(self, connection: Connection) -> None:
-        self.connections.discard(connection)
+        if connection in self.connections:
+            self.connections.discard(connection)
+            user = principal_of(connection).user
+            self._per_user[user] -= 1
+            if self._per_user[user] <= 0:
+                del self._per_user[user]
         link = connection.link_head(0)
         while link is not None:
             self._drop_link(link)
@@ -240,8 +267,19 @@ class BrokerHandler(Handler):
 
     @guarded
     def on_session_remote_open(self, event: Event) -> None:
-        if event.connection in self.connections:  # not one we are refusing
-            event.session.open()
+        connection, session = event.connection, event.session
+        if connection not in self.connections:  # one we are refusing
+            return
+        session.open()
+        counted = connection.hs_counted
+        if self.limits.sessions_per_connection and counted[0] >= self.limits.sessions_per_connection:
+            error = ResourceLimitExceeded(f"sessions per connection limit reached: "
+                                          f"{self.limits.sessions_per_connection}")
+            log.info("session refused", reason=str(error))
+            session.condition = Condition(error.condition, str(error))
+            session.close()
+            return
+        counted[0] += 1
 
     @guarded
     def on_session_remote_close(self, event: Event) -> None:
@@ -253,6 +291,8 @@ class BrokerHandler(Handler):
             link = link.next(0)
         if session.state & Endpoint.LOCAL_ACTIVE:
             session.close()
+            if session.connection in self.connections:
+                session.connection.hs_counted[0] -= 1
 
     # -- links -------------------------------------------------------------------
 
@@ -261,11 +301,14 @@ class BrokerHandler(Handler):
         link = event.link
         if link.connection not in self.connections:
             return  # attached in the same breath as an open we refused
+        counted = link.connection.hs_counted
         try:
+            self.limits.check("links per connection", counted[1], self.limits.links_per_connection)
             endpoint = self._attach(link)
         except BrokerError as error:
             self._refuse(link, error)
             return
+        counted[1] += 1
         if link.is_sender:
             link.source.copy(link.remote_source)
             if link.remote_source.dynamic:
@@ -290,6 +333,9 @@ class BrokerHandler(Handler):
             del link.hs_endpoint
             self.driver.unregister(link)
             endpoint.close()
+            counted = getattr(link.connection, "hs_counted", None)
+            if counted is not None:
+                counted[1] -= 1
 
     def _refuse(self, link: Link, error: BrokerError) -> None:
         log.info("link refused", link=link.name, error=error.condition, reason=str(error))
@@ -311,7 +357,7 @@ class BrokerHandler(Handler):
         if self.max_message_size:
             link.max_message_size = self.max_message_size
         if address == MANAGEMENT_ADDRESS:
-            return ManagementLink(link, self.management, self.max_message_size)
+            return ManagementLink(link, self.management, self.limits.management_request)
         principal = principal_of(link.connection)
         if address:
             node = self._resolve(principal, address, "publish")
@@ -322,11 +368,15 @@ class BrokerHandler(Handler):
                             self.memory, self._starved, lambda name: self.authority.check(principal, "publish", name))
 
     def _resolve(self, principal: Principal, address: str, action: str) -> Node:
-        """The node an attach names, checking ``action`` on it (and ``create`` if it is new)."""
-        if self.registry.lookup(address) is None:
+        """The node an attach names, checking ``action`` on it (and ``create`` and the limits if it is new)."""
+        registry = self.registry
+        if registry.lookup(address) is None:
             self.authority.check(principal, "create", address)
+            if registry.auto_create:
+                self.limits.check("queues", len(registry.queues), self.limits.queues)
+                self.limits.check("auto-created queues", len(registry.auto_created), self.limits.auto_created_queues)
         self.authority.check(principal, action, address)
-        return self.registry.resolve(address)
+        return registry.resolve(address)
 
     def _attach_outgoing(self, link: Link) -> OutgoingLink:
         source = link.remote_source

@@ -29,6 +29,8 @@ class PipeError(Exception):
 class Pipe:
     """TLS and SASL of one connection, in the order the wire has them."""
 
+    server_side = False
+
     def __init__(self, tls: TlsLayer | None) -> None:
         self.tls = tls
         self.principal: Principal | None = None
@@ -98,6 +100,8 @@ class ServerSecurity:
 
 
 class ServerPipe(Pipe):
+    server_side = True
+
     def __init__(self, security: ServerSecurity, tls: TlsLayer | None) -> None:
         super().__init__(tls)
         self.security = security
