@@ -21,6 +21,7 @@ from proton import Condition
 from . import __version__
 from .access import register_access_operations
 from .broker.authority import Authority
+from .broker.blocking import BlockingCalls
 from .broker.limits import Limits
 from .broker.management import Management
 from .broker.memory import DEFAULT_FRACTION, LOW_FRACTION, SAMPLE_INTERVAL, total_ram
@@ -122,6 +123,7 @@ class Node:
                                             config.tls.client_context() if config.peer_tls else None)
         self.status_extras: list[Callable[[], dict[str, Any]]] = []
         self.shutdown_refusal = Refusal(Condition("amqp:connection:forced", "node shutting down"))
+        self.blocking = BlockingCalls(self.call_soon_threadsafe)  # etcd and peers, off the reactor thread
         self.on_start: list[Callable[[], None]] = []
         self.on_stop: list[Callable[[], None]] = []
         self._listeners: list[Any] = []
@@ -238,4 +240,5 @@ class Node:
             log.error("ACL not reloaded, the rules stay as they were", reason=str(error))
 
     def _finish(self) -> None:
+        self.blocking.close()
         self.driver.stop()

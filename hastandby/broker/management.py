@@ -39,7 +39,7 @@ from .registry import Registry
 from .values import plain
 
 ADDRESS = "$management"
-Operation = Callable[["Request"], tuple[int, Any]]
+Operation = Callable[["Request"], "tuple[int, Any] | Deferred"]
 Guard = Callable[["Request"], None]
 MUTATING = {"CREATE", "DELETE", "BIND", "UNBIND", "PURGE"}
 READ_ONLY = {"QUERY", "STATUS", "PING"}
@@ -73,6 +73,33 @@ class Request:
         return {str(k): plain(v) for k, v in args.items()}
 
 
+class Deferred:
+    """A reply that comes later: an operation that must wait (etcd, another node) returns one,
+    does its waiting off the reactor thread (``blocking.py``), and resolves it on the reactor."""
+
+    def __init__(self) -> None:
+        self._then: Callable[[int, Any, str], None] | None = None
+        self._result: tuple[int, Any, str] | None = None
+
+    def resolve(self, code: int, body: Any) -> None:
+        self._settle((code, body, "OK"))
+
+    def fail(self, error: BrokerError) -> None:
+        self._settle((error.status, None, str(error)))
+
+    def then(self, callback: Callable[[int, Any, str], None]) -> None:
+        self._then = callback
+        if self._result is not None:
+            callback(*self._result)
+
+    def _settle(self, result: tuple[int, Any, str]) -> None:
+        if self._result is not None:
+            return
+        self._result = result
+        if self._then is not None:
+            self._then(*result)
+
+
 class Management:
     """Dispatches management requests to operations on the registry and beyond."""
 
@@ -98,8 +125,8 @@ class Management:
     def register(self, operation: str, handler: Operation) -> None:
         self._operations[operation.upper()] = handler
 
-    def handle(self, message: Message, connection: Connection) -> Message:
-        """Answer one request; never raises for bad input, the reply says what was wrong."""
+    def handle(self, message: Message, connection: Connection, reply: Callable[[Message], None]) -> None:
+        """Answer one request, now or (a Deferred operation) later; never raises for bad input."""
         try:
             request = Request(message, connection)
             operation = self._operations.get(request.operation)
@@ -110,21 +137,30 @@ class Management:
             if request.operation in MUTATING:
                 for guard in self.guards:
                     guard(request)
-            code, body = operation(request)
-            description = "OK"
+            outcome = operation(request)
         except BrokerError as error:
-            code, body, description = error.status, None, str(error)
+            outcome = Deferred()
+            outcome.fail(error)
         except Exception as error:  # a bug must not take the node down with it
             log.exception("management request failed", operation=str(message.properties))
-            code, body, description = 500, None, f"internal error: {error}"
-        if code >= 400:
-            log.info("management request refused", status=code, reason=description)
-        return Message(
-            address=message.reply_to,
-            correlation_id=message.id if message.id is not None else message.correlation_id,
-            properties={"statusCode": code, "statusDescription": description},
-            body=body,
-        )
+            outcome = Deferred()
+            outcome.fail(BrokerError(f"internal error: {error}"))
+        if not isinstance(outcome, Deferred):
+            code, body = outcome
+            outcome = Deferred()
+            outcome.resolve(code, body)
+
+        def send(code: int, body: Any, description: str) -> None:
+            if code >= 400:
+                log.info("management request refused", status=code, reason=description)
+            reply(Message(
+                address=message.reply_to,
+                correlation_id=message.id if message.id is not None else message.correlation_id,
+                properties={"statusCode": code, "statusDescription": description},
+                body=body,
+            ))
+
+        outcome.then(send)
 
     def _authorize(self, request: Request) -> None:
         operation, principal, check = request.operation, principal_of(request.connection), self.authority.check
@@ -249,17 +285,24 @@ class ManagementLink:
                 raise InvalidArgument(f"undecodable management request: {error}") from None
             if not request.reply_to:
                 raise InvalidArgument("a management request needs a reply-to address")
-            reply_node = registry.lookup(request.reply_to)
-            if reply_node is None:
+            if registry.lookup(request.reply_to) is None:
                 raise NotFound(f"reply-to address {request.reply_to!r} does not exist")
-            reply = bytes(self.management.handle(request, link.connection).encode())
-            registry.deliver(registry.route(reply_node, reply), reply)
+            self.management.handle(request, link.connection, self._reply)
         except BrokerError as error:
             delivery.local.condition = Condition(error.condition, str(error))
             delivery.update(Delivery.REJECTED)
         else:
             delivery.update(Delivery.ACCEPTED)
         delivery.settle()
+
+    def _reply(self, message: Message) -> None:
+        """Deliver a reply to its reply-to queue, if that is still there (a deferred reply may outlive it)."""
+        registry = self.management.registry
+        node = registry.lookup(message.address or "")
+        if node is None:
+            return
+        data = bytes(message.encode())
+        registry.deliver(registry.route(node, data), data)
 
     def flow(self) -> None:
         pass

@@ -28,7 +28,7 @@ from hastandby.broker.errors import (
     NotAllowed,
     NotFound,
 )
-from hastandby.broker.management import Request
+from hastandby.broker.management import Deferred, Request
 from hastandby.node import Node
 
 from .config import ConfigStore, EtcdStore, FileStore, MemoryStore, ReplicationConfig
@@ -56,6 +56,7 @@ class DisasterRecovery:
         self.serving = False
         self.source = DrSource(node.registry, node.driver, node.authority)
         self.replicas: dict[str, ReplicaLink] = {}
+        self._pending: set[str] = set()  # replications whose configuration is being stored
         node.handler.attach_hooks.append(self._attach)
         node.management.register("REPLICATE", self._replicate)
         node.management.register("REPLICATE-STOP", self._replicate_stop)
@@ -82,24 +83,20 @@ class DisasterRecovery:
             self.node.registry.read_only.clear()
 
     def _load(self) -> None:
-        """Start every configured replication; retry while the store (etcd) cannot be read."""
+        """Start every configured replication; read off the reactor thread, retried while etcd cannot be read."""
+        if self.serving:
+            self.node.blocking.run(self.store.load, self._loaded)
+
+    def _loaded(self, configs: list[ReplicationConfig] | None, error: Exception | None) -> None:
         if not self.serving:
             return
-        try:
-            configs = self.store.load()
-        except Exception as error:  # etcd unreachable: the node serves on, replication waits
+        if error is not None:  # etcd unreachable: the node serves on, replication waits
             log.error("cannot read the replication configuration; retrying", error=str(error))
             self.node.schedule(LOAD_RETRY, self._load)
             return
-        for config in configs:
-            if config.queue not in self.replicas:
+        for config in configs or []:
+            if config.queue not in self.replicas and config.queue not in self._pending:
                 self._start(config)
-
-    def _save(self, config: ReplicationConfig) -> None:
-        try:
-            self.store.save(config)
-        except Exception as error:
-            raise StoreUnavailable(f"cannot store the replication configuration: {error}") from None
 
     def _start(self, config: ReplicationConfig) -> None:
         registry = self.node.registry
@@ -118,7 +115,7 @@ class DisasterRecovery:
 
     # -- management ------------------------------------------------------------------
 
-    def _replicate(self, request: Request) -> tuple[int, Any]:
+    def _replicate(self, request: Request) -> tuple[int, Any] | Deferred:
         self._require_serving()
         body = request.body
         name = request.name
@@ -130,6 +127,8 @@ class DisasterRecovery:
         )
         if _same_node(config, self.url):
             raise InvalidArgument("a queue cannot replicate from its own node")
+        if name in self._pending:
+            raise AlreadyExists(f"queue {name!r} is being configured already")
         existing = self.replicas.get(name)
         if existing is not None:
             old = existing.config
@@ -142,32 +141,52 @@ class DisasterRecovery:
             if not body.get("create"):
                 raise NotFound(f"no such queue: {name!r} (--create makes it)")
             registry.declare_queue(name, request.arguments(), durable=bool(body.get("durable", False)))
-        self._save(config)
-        self._start(config)
-        log.info("replication configured", queue=name, source=config.source, mode=config.mode, sync=config.sync)
-        return 201, self.replicas[name].describe()
+        reply = Deferred()
+        self._pending.add(name)
 
-    def _replicate_stop(self, request: Request) -> tuple[int, Any]:
+        def saved(_: Any, error: Exception | None) -> None:
+            self._pending.discard(name)
+            if error is not None:
+                reply.fail(StoreUnavailable(f"cannot store the replication configuration: {error}"))
+            elif not self.serving:
+                reply.fail(NotAllowed(f"{self.url} stopped serving clients while the replication was stored"))
+            else:
+                self._start(config)
+                log.info("replication configured", queue=name, source=config.source, mode=config.mode,
+                         sync=config.sync)
+                reply.resolve(201, self.replicas[name].describe())
+
+        self.node.blocking.run(lambda: self.store.save(config), saved)
+        return reply
+
+    def _replicate_stop(self, request: Request) -> Deferred:
         self._require_serving()
-        replica = self.replicas.pop(request.name, None)
-        if replica is None:
-            raise NotFound(f"queue {request.name!r} is not replicating")
-        try:
-            self.store.remove(request.name)
-        except Exception as error:
-            self.replicas[request.name] = replica
-            raise StoreUnavailable(f"cannot store the replication configuration: {error}") from None
-        replica.stop(final=True)
-        self.node.registry.read_only.pop(request.name, None)
-        log.info("replication stopped", queue=request.name, source=replica.config.source)
-        return 200, {"queue": request.name, "state": "stopped"}
+        name = request.name
+        if name not in self.replicas:
+            raise NotFound(f"queue {name!r} is not replicating")
+        reply = Deferred()
+
+        def removed(_: Any, error: Exception | None) -> None:
+            if error is not None:
+                reply.fail(StoreUnavailable(f"cannot store the replication configuration: {error}"))
+                return
+            replica = self.replicas.pop(name, None)
+            if replica is not None:
+                replica.stop(final=True)
+                log.info("replication stopped", queue=name, source=replica.config.source)
+            self.node.registry.read_only.pop(name, None)
+            reply.resolve(200, {"queue": name, "state": "stopped"})
+
+        self.node.blocking.run(lambda: self.store.remove(name), removed)
+        return reply
 
     def _save_quietly(self, config: ReplicationConfig) -> None:
-        """An epoch change: kept if the store can; else only in memory, and said so."""
-        try:
-            self.store.save(config)
-        except Exception as error:
-            log.error("cannot store the new source epoch", queue=config.queue, error=str(error))
+        """An epoch change: kept if the store can (off the reactor thread); else only in memory, and said so."""
+        def saved(_: Any, error: Exception | None) -> None:
+            if error is not None:
+                log.error("cannot store the new source epoch", queue=config.queue, error=str(error))
+
+        self.node.blocking.run(lambda: self.store.save(config), saved)
 
     def _require_serving(self) -> None:
         if not self.serving:

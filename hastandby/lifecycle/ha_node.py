@@ -24,7 +24,7 @@ import structlog
 from proton import Condition, Connection, Link, Terminus, symbol
 
 from hastandby.broker.errors import BrokerError, NotAllowed
-from hastandby.broker.management import MUTATING, Request
+from hastandby.broker.management import MUTATING, Deferred, Request
 from hastandby.broker.outbound import Address
 from hastandby.broker.queue import Queue
 from hastandby.broker.registry import REPLICATE
@@ -346,7 +346,7 @@ class HaNode:
     def _expected_done(self, timed_out: bool) -> None:
         self.fire(Event.EXPECTED_BACKUPS_TIMED_OUT if timed_out else Event.EXPECTED_BACKUPS_READY)
 
-    def _promote(self, request: Request) -> tuple[int, Any]:
+    def _promote(self, request: Request) -> tuple[int, Any] | Deferred:
         state = self.status.state
         if state is State.PRIMARY:
             return 200, {"state": "primary", "message": "already primary"}
@@ -357,10 +357,27 @@ class HaNode:
         if self.election is not None:
             return self._hand_over(state)
         if state is State.BACKUP:
-            event = Event.PROMOTED_BY_OPERATOR
-        else:
-            self._check_fresh_cluster()
-            event = Event.PROMOTED_BY_OPERATOR_NEW_CLUSTER
+            return self._promote_now(Event.PROMOTED_BY_OPERATOR)
+        # A connecting node: ask the others first, off the reactor thread (they may not answer for a while).
+        reply = Deferred()
+
+        def checked(_: Any, error: Exception | None) -> None:
+            try:
+                if isinstance(error, BrokerError):
+                    raise error
+                if error is not None:
+                    raise NotPromotable(f"cannot check the other nodes: {error}")
+                code, body = self._promote_now(Event.PROMOTED_BY_OPERATOR_NEW_CLUSTER)
+            except BrokerError as failure:
+                reply.fail(failure)
+                return
+            reply.resolve(code, body)
+
+        addresses, login = self._other_addresses(), self._peer_login()
+        self.node.blocking.run(lambda: _check_fresh_cluster(addresses, login), checked)
+        return reply
+
+    def _promote_now(self, event: Event) -> tuple[int, Any]:
         term = max([self.status.term] + [int(m.get("term", 0) or 0) for m in self.members]) + 1
         if not self.fire(event, term):
             raise NotPromotable(f"cannot promote from {self.status}")
@@ -376,17 +393,6 @@ class HaNode:
         me = self.node.node_id
         election.request(lambda: election.coordinator.set_handover(me, ttl=10))
         return 202, {"state": str(state), "message": "handover requested; the primary steps down"}
-
-    def _check_fresh_cluster(self) -> None:
-        """A connecting node may only be promoted if no reachable node is past connecting."""
-        for host, port in self._other_addresses():
-            try:
-                with ManagementClient(f"{host}:{port}", timeout=1.0, login=self._peer_login()) as client:
-                    state = client.request("STATUS").get("state")
-            except ManagementError:
-                continue  # unreachable nodes hold nothing we could lose
-            if state != "connecting":
-                raise NotPromotable(f"{host}:{port} is {state}: promote a backup, not a connecting node")
 
     def _peer_login(self) -> Login:
         config = self.node.config
@@ -516,6 +522,18 @@ class HaNode:
             "lag": self.primary.lag() if self.primary is not None else {},
         }
 
+
+
+def _check_fresh_cluster(addresses: list[Address], login: Login) -> None:
+    """A connecting node may only be promoted if no reachable node is past connecting (blocking: a worker thread)."""
+    for host, port in addresses:
+        try:
+            with ManagementClient(f"{host}:{port}", timeout=1.0, login=login) as client:
+                state = client.request("STATUS").get("state")
+        except ManagementError:
+            continue  # unreachable nodes hold nothing we could lose
+        if state != "connecting":
+            raise NotPromotable(f"{host}:{port} is {state}: promote a backup, not a connecting node")
 
 
 def _level(node: Any) -> str:
