@@ -148,13 +148,13 @@ def _progress(result: dict[str, Any]) -> str:
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
-    print(f"\n{'schedule':<30}{'seed':>8}  {'faults':<52}{'acked':>7}{'lost':>6}{'unexp':>6}{'dup':>6}"
-          f"{'replica':>8}  verdict")
+    print(f"\n{'schedule':<38}{'seed':>8}{'acked':>7}{'lost':>6}{'unexp':>6}{'dup':>6}{'replica':>8}  "
+          f"{'status':<11} faults")
     for r in results:
         v = r["verdict"]
-        print(f"{r['schedule']:<30}{r['seed'] if r['seed'] is not None else '-':>8}  {','.join(r['faults']):<52}"
+        print(f"{r['schedule']:<38}{r['seed'] if r['seed'] is not None else '-':>8}"
               f"{v['acknowledged']:>7}{v['lost']:>6}{v['unexpected']:>6}{v['duplicated']:>6}"
-              f"{r['replica_mismatches']:>8}  {r['status']}")
+              f"{r['replica_mismatches']:>8}  {r['status']:<11} {','.join(r['faults'])}")
     bad = sum(1 for r in results if not r["ok"])
     print(f"{len(results)} schedules, {bad} with a problem (INVALID: lost or unexpected messages; MISMATCH: a "
           "backup's copy differs; NO VERDICT: not drained, e.g. no primary after the schedule)")
