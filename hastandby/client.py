@@ -17,6 +17,7 @@ EXTERNAL.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,6 +30,7 @@ from proton.utils import BlockingConnection, SyncRequestResponse
 from .broker.management import ADDRESS
 
 ADMIN_PROPERTY = symbol("qpid.ha-admin")
+NOTHING_LISTENING = "cannot connect (nothing listening?)"
 
 
 @dataclass(frozen=True)
@@ -63,8 +65,13 @@ class Login:
         return f"{'amqps' if tls else 'amqp'}://{host}:{parts.port or (5671 if tls else 5672)}", \
             replace(login, tls=tls)
 
-    def connect_options(self) -> dict[str, Any]:
-        """Keyword arguments for python-qpid-proton's connect / BlockingConnection."""
+    def connect_options(self, host: str = "") -> dict[str, Any]:
+        """Keyword arguments for python-qpid-proton's connect / BlockingConnection.
+
+        python-qpid-proton cannot match a certificate against an IP address, so
+        a node named by its address has its certificate checked against the CA
+        but not its name; name nodes by host name for the full check.
+        """
         options: dict[str, Any] = {}
         if self.user is not None:
             options["user"] = self.user
@@ -75,11 +82,21 @@ class Login:
             domain = SSLDomain(SSLDomain.MODE_CLIENT)
             if self.ca_file:
                 domain.set_trusted_ca_db(self.ca_file)
-            domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME, self.ca_file)
+            by_address = _is_ip_address(host)
+            domain.set_peer_authentication(SSLDomain.VERIFY_PEER if by_address else SSLDomain.VERIFY_PEER_NAME,
+                                           self.ca_file)
             if self.cert_file and self.key_file:
                 domain.set_credentials(self.cert_file, self.key_file, None)
             options["ssl_domain"] = domain
         return options
+
+
+def _is_ip_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
 
 
 def read_password(path: Path) -> str:
@@ -94,9 +111,10 @@ def read_password(path: Path) -> str:
 class ManagementError(Exception):
     """A request failed; the message says why, in words for a person."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, unreachable: bool = False) -> None:
         super().__init__(message)
         self.status = status
+        self.unreachable = unreachable  # nothing listens there: the node is down, not merely refusing
 
 
 class ManagementClient:
@@ -108,10 +126,11 @@ class ManagementClient:
         url, login = (login or Login.from_environment()).for_broker(broker)
         try:
             self._connection = BlockingConnection(url, timeout=timeout, properties=properties,
-                                                  **login.connect_options())
+                                                  **login.connect_options(urlsplit(url).hostname or ""))
             self._rpc = SyncRequestResponse(self._connection, ADDRESS)
         except ConnectionException as error:
-            raise ManagementError(f"{broker}: {_condition(error)}") from None
+            reason = _condition(error)
+            raise ManagementError(f"{broker}: {reason}", unreachable=reason == NOTHING_LISTENING) from None
         except Timeout:
             raise ManagementError(f"{broker}: no answer within {timeout:g} s") from None
         except (ProtonException, OSError) as error:
@@ -129,7 +148,9 @@ class ManagementClient:
         properties = reply.properties or {}
         status = int(properties.get("statusCode", 500))
         if status >= 400:
-            raise ManagementError(str(properties.get("statusDescription", "request failed")), status)
+            description = str(properties.get("statusDescription", "request failed"))
+            condition = properties.get("condition")
+            raise ManagementError(f"{condition}: {description}" if condition else description, status)
         return reply.body
 
     def close(self) -> None:
@@ -149,7 +170,7 @@ def _condition(error: Exception) -> str:
     """The peer's own words: proton wraps them in 'Connection X disconnected: Condition(...)'."""
     text = str(error) or type(error).__name__
     if "Connection refused to all addresses" in text:
-        return "cannot connect (nothing listening?)"
+        return NOTHING_LISTENING
     if "Condition(" in text:
         inner = text[text.index("Condition(") + len("Condition("):].rstrip(")")
         name, _, description = inner.partition(", ")

@@ -4,8 +4,9 @@ A request is a message whose application properties name the ``operation``
 (CREATE, DELETE, BIND, UNBIND, PURGE, QUERY, STATUS, PING, IDS), the ``type``
 (queue, exchange) and the ``name``; its body is a map of attributes.  The reply
 goes to the request's ``reply-to`` with ``statusCode`` (HTTP-like: 200, 201,
-400, 404, ...) and ``statusDescription`` application properties and the
-request's message-id as correlation-id.  This is the shape of the AMQP
+400, 404, ...) and ``statusDescription`` application properties (and, for a
+refusal, ``condition``: the AMQP error condition, e.g.
+``amqp:unauthorized-access``) and the request's message-id as correlation-id.  This is the shape of the AMQP
 Management draft, which qpid-dispatch and Artemis also speak.
 
 Layers above the core add operations (HA adds PROMOTE, ...) with ``register``
@@ -78,21 +79,21 @@ class Deferred:
     does its waiting off the reactor thread (``blocking.py``), and resolves it on the reactor."""
 
     def __init__(self) -> None:
-        self._then: Callable[[int, Any, str], None] | None = None
-        self._result: tuple[int, Any, str] | None = None
+        self._then: Callable[[int, Any, str, str | None], None] | None = None
+        self._result: tuple[int, Any, str, str | None] | None = None
 
     def resolve(self, code: int, body: Any) -> None:
-        self._settle((code, body, "OK"))
+        self._settle((code, body, "OK", None))
 
     def fail(self, error: BrokerError) -> None:
-        self._settle((error.status, None, str(error)))
+        self._settle((error.status, None, str(error), error.condition))
 
-    def then(self, callback: Callable[[int, Any, str], None]) -> None:
+    def then(self, callback: Callable[[int, Any, str, str | None], None]) -> None:
         self._then = callback
         if self._result is not None:
             callback(*self._result)
 
-    def _settle(self, result: tuple[int, Any, str]) -> None:
+    def _settle(self, result: tuple[int, Any, str, str | None]) -> None:
         if self._result is not None:
             return
         self._result = result
@@ -150,13 +151,16 @@ class Management:
             outcome = Deferred()
             outcome.resolve(code, body)
 
-        def send(code: int, body: Any, description: str) -> None:
+        def send(code: int, body: Any, description: str, condition: str | None) -> None:
+            properties: dict[str, Any] = {"statusCode": code, "statusDescription": description}
+            if condition is not None:  # the AMQP error condition, as on a link: amqp:unauthorized-access ...
+                properties["condition"] = condition
             if code >= 400:
-                log.info("management request refused", status=code, reason=description)
+                log.info("management request refused", status=code, reason=description, condition=condition)
             reply(Message(
                 address=message.reply_to,
                 correlation_id=message.id if message.id is not None else message.correlation_id,
-                properties={"statusCode": code, "statusDescription": description},
+                properties=properties,
                 body=body,
             ))
 

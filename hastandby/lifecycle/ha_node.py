@@ -530,8 +530,11 @@ def _check_fresh_cluster(addresses: list[Address], login: Login) -> None:
         try:
             with ManagementClient(f"{host}:{port}", timeout=1.0, login=login) as client:
                 state = client.request("STATUS").get("state")
-        except ManagementError:
-            continue  # unreachable nodes hold nothing we could lose
+        except ManagementError as error:
+            if error.unreachable:
+                continue  # nothing listens there: that node holds nothing we could lose
+            # Something answered but could not be asked (TLS, credentials, a hung node): it may be a primary.
+            raise NotPromotable(f"cannot tell what {host}:{port} is ({error}): stop it, or promote a backup")
         if state != "connecting":
             raise NotPromotable(f"{host}:{port} is {state}: promote a backup, not a connecting node")
 

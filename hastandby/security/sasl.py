@@ -58,6 +58,8 @@ class Users(Protocol):
 
     def secret(self, user: str) -> Secret | None: ...
 
+    def __contains__(self, user: object) -> bool: ...
+
 
 # -- frames -------------------------------------------------------------------------------
 
@@ -147,14 +149,19 @@ class _Scram:
 
 
 class _External:
-    def __init__(self, subject: str) -> None:
+    """A verified TLS client certificate names a user, who must be in the users file (RabbitMQ does the same)."""
+
+    def __init__(self, subject: str, users: Users) -> None:
         self.subject = subject
+        self.users = users
         self.user: str | None = None
 
     def step(self, response: bytes) -> tuple[bytes | None, bool]:
         authzid = response.decode(errors="replace")
         if authzid and authzid != self.subject:
             raise SaslError(f"certificate {self.subject!r} may not act as {authzid!r}")
+        if self.subject not in self.users:
+            raise SaslError(f"certificate subject {self.subject!r} is not a user of this node")
         self.user = self.subject
         return None, True
 
@@ -272,7 +279,7 @@ class SaslServer:
         elif name == "PLAIN":
             self._mechanism = _Plain(self._users)
         elif name == "EXTERNAL":
-            self._mechanism = _External(self._subject or "")
+            self._mechanism = _External(self._subject or "", self._users)
         else:
             self._mechanism = _Anonymous()
         self._step(_binary(_field(fields, 1)))

@@ -20,9 +20,13 @@ AMQP_OPEN = AMQP_HEADER + b"...the AMQP frames that follow"
 class Users:
     def __init__(self, **passwords: str) -> None:
         self.secrets = {user: Secret.derive(password) for user, password in passwords.items()}
+        self.certificate_users = {"backup-1"}
 
     def secret(self, user: str) -> Secret | None:
         return self.secrets.get(user)
+
+    def __contains__(self, user: object) -> bool:
+        return user in self.secrets or user in self.certificate_users
 
 
 def server(allow_anonymous: bool = False, subject: str | None = None) -> SaslServer:
@@ -82,6 +86,12 @@ def test_external_names_the_certificate_subject():
     handshake(client, side)
     assert side.principal is not None and side.principal.user == "backup-1"
     assert side.principal.mechanism == "EXTERNAL"
+
+
+def test_external_needs_the_subject_to_be_a_user():
+    client, side = SaslClient(external=True), server(subject="stranger")
+    handshake(client, side)
+    assert side.principal is None and "not a user" in side.failed
 
 
 def test_a_client_that_skips_sasl_is_refused_unless_anonymous_is_allowed():
