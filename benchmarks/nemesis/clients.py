@@ -34,6 +34,9 @@ of every node that opened to the end, so that after a loss the *next* node
 is tried first (round robin, as qpid-jms does), not a frozen one that costs
 an idle timeout per try.
 
+The clients authenticate as ``HASTANDBY_USER``/``HASTANDBY_PASSWORD`` from the
+environment (PLAIN), as the product's own clients do.
+
 Process protocol (stdin commands, one per line; a JSON status line on stdout
 every ``STATUS_EVERY`` s): ``producer NAME RATE``, ``pinned NAME URL`` (one
 connection to URL, no reconnect and no idle timeout: it stays connected to a
@@ -58,6 +61,8 @@ from typing import IO, Any, Iterable
 from proton import Delivery, Message
 from proton.handlers import IncomingMessageHandler, MessagingHandler
 from proton.reactor import Container
+
+from hastandby.client import Login
 
 from ..failover_clients import FixedBackoff
 
@@ -91,10 +96,11 @@ class HistoryWriter:
 class _Client(MessagingHandler):
     """One client on its own thread and container; subclasses open their link and do the messaging."""
 
-    def __init__(self, name: str, urls: list[str], queue: str, history: HistoryWriter, pinned: bool = False,
-                 **handler: Any) -> None:
+    def __init__(self, name: str, urls: list[str], queue: str, history: HistoryWriter, credentials: dict[str, Any],
+                 pinned: bool = False, **handler: Any) -> None:
         super().__init__(**handler)
         self.name = name
+        self.credentials = credentials  # proton connect arguments (user, password)
         self.urls = urls
         self.queue = queue
         self.history = history
@@ -142,7 +148,7 @@ class _Client(MessagingHandler):
     def _connect(self, container: Any) -> None:
         reconnect = False if self.pinned else FixedBackoff(RECONNECT_DELAY)
         self.connection = container.connect(urls=self.urls, reconnect=reconnect,
-                                            heartbeat=None if self.pinned else HEARTBEAT)
+                                            heartbeat=None if self.pinned else HEARTBEAT, **self.credentials)
         self.link = self.open_link(container)
 
     def open_link(self, container: Any) -> Any:
@@ -261,9 +267,9 @@ class _Client(MessagingHandler):
 class Producer(_Client):
     """Unique ids ``NAME-000001``..., at ``rate`` per second and/or ``send(count)`` more; see the module docstring."""
 
-    def __init__(self, name: str, urls: list[str], queue: str, history: HistoryWriter, rate: float = 0.0,
-                 pinned: bool = False) -> None:
-        super().__init__(name, urls, queue, history, pinned=pinned, auto_settle=True)
+    def __init__(self, name: str, urls: list[str], queue: str, history: HistoryWriter, credentials: dict[str, Any],
+                 rate: float = 0.0, pinned: bool = False) -> None:
+        super().__init__(name, urls, queue, history, credentials, pinned=pinned, auto_settle=True)
         self.rate = rate
         self.issued = 0
         self.acked = 0
@@ -380,8 +386,9 @@ class Producer(_Client):
 class Consumer(_Client):
     """Receives and accepts everything; records each message id (duplicates included)."""
 
-    def __init__(self, name: str, urls: list[str], queue: str, history: HistoryWriter, rate: float = 0.0) -> None:
-        super().__init__(name, urls, queue, history, prefetch=0, auto_accept=False)
+    def __init__(self, name: str, urls: list[str], queue: str, history: HistoryWriter, credentials: dict[str, Any],
+                 rate: float = 0.0) -> None:
+        super().__init__(name, urls, queue, history, credentials, prefetch=0, auto_accept=False)
         self.rate = rate  # most messages per second (0: as fast as they come)
         self._allowance = 0.0
         self._last_tick = 0.0
@@ -464,6 +471,7 @@ class _Process:
     """The clients of one workload process and the commands that drive them."""
 
     def __init__(self, urls: list[str], queue: str, history: HistoryWriter) -> None:
+        self.credentials = Login.from_environment().connect_options()  # HASTANDBY_USER, HASTANDBY_PASSWORD
         self.urls = urls
         self.queue = queue
         self.history = history
@@ -476,11 +484,13 @@ class _Process:
             return
         verb, args = words[0], words[1:]
         if verb == "producer":
-            self._add(Producer(args[0], list(self.urls), self.queue, self.history, rate=float(args[1])))
+            self._add(Producer(args[0], list(self.urls), self.queue, self.history, self.credentials,
+                               rate=float(args[1])))
         elif verb == "pinned":
-            self._add(Producer(args[0], [args[1]], self.queue, self.history, pinned=True))
+            self._add(Producer(args[0], [args[1]], self.queue, self.history, self.credentials, pinned=True))
         elif verb == "consumer":
-            self._add(Consumer(args[0], list(self.urls), self.queue, self.history, rate=float(args[1])))
+            self._add(Consumer(args[0], list(self.urls), self.queue, self.history, self.credentials,
+                               rate=float(args[1])))
         elif verb in ("send", "rate"):
             client = self.clients[args[0]]
             if not isinstance(client, Producer):

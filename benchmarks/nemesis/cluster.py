@@ -5,7 +5,9 @@ machine would: signals to a node's PID (kill -9, SIGSTOP/SIGCONT, SIGTERM),
 starting a node again, ``hastandby promote``, and partitions of the network
 (``network.py``).  What it knows of the nodes' roles it learns as an
 operator does, from ``STATUS`` (what ``hastandby status`` prints), polled by
-one thread per node (``benchmarks.failover.StatusPoller``).
+one thread per node (``benchmarks.failover.StatusPoller``).  Nodes require
+authentication as in production (``benchmarks/_auth.py``): backups as
+``peer``, the harness as ``admin``, the clients as ``app``.
 
 Every process started here is stopped by PID in :meth:`Cluster.stop`
 (SIGCONT first for a frozen one, then SIGTERM, SIGKILL after a grace
@@ -24,9 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hastandby.client import ManagementClient
+from hastandby.client import Login, ManagementClient
 from tests.support.etcd import EtcdServer
 
+from .. import _auth
 from .._proc import Service, python_env
 from ..failover import StatusPoller
 from ..throughput import REPO_ROOT
@@ -129,6 +132,8 @@ class Cluster:
         self.workdir = workdir
         self.cluster_name = cluster_name
         self.etcd = NamespacedEtcd(network["etcd"])
+        self.users = _auth.users()
+        self.admin: Login = self.users.login(_auth.ADMIN)  # the harness's management login
         self.nodes: dict[str, Node] = {}
         brokers = ",".join(f"{network[n].address}:{NODE_PORT}" for n in node_ids)
         self._node_ids = node_ids
@@ -144,15 +149,17 @@ class Cluster:
             argv = host.command(
                 sys.executable, "-m", "hastandby", "serve", "--listen", f"{host.address}:{NODE_PORT}",
                 "--etcd", etcd_url, "--cluster", self.cluster_name, "--node-id", node_id,
-                "--lease-ttl", str(LEASE_TTL), "--brokers-url", self._brokers, "--log-format", "json")
+                "--lease-ttl", str(LEASE_TTL), "--brokers-url", self._brokers, "--log-format", "json",
+                *self.users.serve_arguments())
             address = f"{host.address}:{NODE_PORT}"
-            node = Node(node_id, host, argv, self.workdir / f"{node_id}.log", StatusPoller(node_id, address))
+            node = Node(node_id, host, argv, self.workdir / f"{node_id}.log",
+                        StatusPoller(node_id, address, self.admin))
             self.nodes[node_id] = node
             node.start()
             node.poller.start()
         primary = self.wait(self.settled, START_TIMEOUT, "one primary and every other node its backup")
         queues_before = {n.node_id: int((n.status or {}).get("queues") or 0) for n in self.nodes.values()}
-        with ManagementClient(self.nodes[primary].address, timeout=10) as client:
+        with ManagementClient(self.nodes[primary].address, timeout=10, login=self.admin) as client:
             client.request("CREATE", "queue", QUEUE, {"arguments": {"qpid.replicate": "all"}})
         self.wait(lambda: all(int((n.status or {}).get("queues") or 0) > queues_before[n.node_id]
                               for n in self.nodes.values()), 15.0, f"queue {QUEUE!r} on every node")
@@ -284,7 +291,8 @@ class Cluster:
         """``hastandby promote -b NODE`` as an operator runs it: (exit code, what it printed)."""
         command = [sys.executable, "-m", "hastandby", "promote", "-b", self.nodes[node_id].address]
         try:
-            done = subprocess.run(command, cwd=REPO_ROOT, env=python_env(), capture_output=True, text=True,
+            env = {**python_env(), **self.users.client_environment(_auth.ADMIN)}
+            done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                                   timeout=PROMOTE_TIMEOUT, check=False)
         except subprocess.TimeoutExpired:
             return -1, f"no answer within {PROMOTE_TIMEOUT:g} s"

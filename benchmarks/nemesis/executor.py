@@ -288,7 +288,8 @@ class Executor:
                 attempts += 1
                 backups = {n: self.cluster.nodes[n].address for n in self.cluster.backups()}
                 try:
-                    diffs: list[ReplicaDiff] | None = verify_replicas(self.cluster.nodes[primary].address, backups)
+                    diffs: list[ReplicaDiff] | None = verify_replicas(self.cluster.nodes[primary].address, backups,
+                                                                        self.cluster.admin)
                     error = None
                 except BrowseError as failed:
                     diffs, error = None, str(failed)

@@ -24,7 +24,7 @@ from proton import Data, symbol
 from proton.handlers import MessagingHandler
 from proton.reactor import Container, Copy
 
-from hastandby.client import ManagementClient, ManagementError
+from hastandby.client import Login, ManagementClient, ManagementError
 
 from .checker import Browse, ReplicaDiff, compare_replicas
 
@@ -50,9 +50,10 @@ def without_header(data: bytes) -> bytes:
 class _Browser(MessagingHandler):
     """Browse ``queues`` on one node, each to the end (drain), then close."""
 
-    def __init__(self, address: str, queues: list[str], timeout: float) -> None:
+    def __init__(self, address: str, queues: list[str], login: Login, timeout: float) -> None:
         super().__init__(prefetch=0, auto_accept=False, auto_settle=False)
         self.address = address
+        self.login = login
         self.queues = queues
         self.timeout = timeout
         self.got: dict[str, dict[int, bytes]] = {q: {} for q in queues}
@@ -62,7 +63,8 @@ class _Browser(MessagingHandler):
         self.timer: Any = None
 
     def on_start(self, event: Any) -> None:
-        self.connection = event.container.connect(f"amqp://{self.address}", reconnect=False, properties=ADMIN)
+        self.connection = event.container.connect(f"amqp://{self.address}", reconnect=False, properties=ADMIN,
+                                                  **self.login.connect_options(self.address.rsplit(":", 1)[0]))
         for queue in self.queues:
             event.container.create_receiver(self.connection, queue, name=f"verify-{queue}", options=Copy())
         self.timer = event.container.schedule(self.timeout, self)
@@ -106,11 +108,12 @@ class _Browser(MessagingHandler):
         self.connection.close()
 
 
-def browse(address: str, queues: list[str], timeout: float = BROWSE_TIMEOUT) -> dict[str, dict[int, bytes]]:
+def browse(address: str, queues: list[str], login: Login,
+           timeout: float = BROWSE_TIMEOUT) -> dict[str, dict[int, bytes]]:
     """Every message of ``queues`` on the node at ``address``: queue -> replication id -> bytes."""
     if not queues:
         return {}
-    browser = _Browser(address, queues, timeout)
+    browser = _Browser(address, queues, login, timeout)
     container = Container(browser)
     container.run()
     if browser.error is not None or browser.pending:
@@ -118,27 +121,27 @@ def browse(address: str, queues: list[str], timeout: float = BROWSE_TIMEOUT) -> 
     return browser.got
 
 
-def replicated_queues(address: str) -> list[str]:
+def replicated_queues(address: str, login: Login) -> list[str]:
     """The queues the node at ``address`` holds with ``qpid.replicate`` ``all``."""
     try:
-        with ManagementClient(address, timeout=5) as client:
+        with ManagementClient(address, timeout=5, login=login) as client:
             queues = client.request("QUERY")["queues"]
     except ManagementError as error:
         raise BrowseError(f"{address}: {error}") from None
     return sorted(q["name"] for q in queues if q.get("replicate") == "all")
 
 
-def verify_replicas(primary: str, backups: Mapping[str, str]) -> list[ReplicaDiff]:
+def verify_replicas(primary: str, backups: Mapping[str, str], login: Login) -> list[ReplicaDiff]:
     """Compare the primary's replicated queues (``primary``: its address) with each backup's copy.
 
-    ``backups`` maps node ids to addresses.  A backup is browsed only for the
+    ``backups`` maps node ids to addresses; ``login`` is an admin's.  A backup is browsed only for the
     queues it has (browsing a missing one could create it); one it lacks
     counts as empty.  Raises BrowseError if a node cannot be read.
     """
-    queues = replicated_queues(primary)
-    first: Browse = browse(primary, queues)
+    queues = replicated_queues(primary, login)
+    first: Browse = browse(primary, queues, login)
     copies = {}
     for node_id, address in backups.items():
-        held = set(replicated_queues(address))
-        copies[node_id] = browse(address, [q for q in queues if q in held]) if held & set(queues) else {}
+        held = set(replicated_queues(address, login))
+        copies[node_id] = browse(address, [q for q in queues if q in held], login) if held & set(queues) else {}
     return compare_replicas(first, copies)

@@ -69,7 +69,8 @@ def run_schedule(schedule: Schedule, run_id: str, settings: Settings) -> dict[st
         network = Network(HOSTS)
         cluster = Cluster(network, list(NODE_IDS), workdir, cluster_name=round_id)
         cluster.start()
-        workload = Workload(network["clients"], [n.url for n in cluster.nodes.values()], QUEUE, workdir)
+        workload = Workload(network["clients"], [n.url for n in cluster.nodes.values()], QUEUE, workdir,
+                            cluster.users.client_environment())
         if schedule.load:
             workload.start_background()
         trace.round_start(started, run_id, schedule, list(NODE_IDS), LEASE_TTL,
@@ -87,7 +88,7 @@ def run_schedule(schedule: Schedule, run_id: str, settings: Settings) -> dict[st
             drained = {"received": 0, "complete": False, "skipped": "no primary"}
         else:
             live = [n.url for n in cluster.nodes.values() if n.running]
-            drained = drain(live, QUEUE, workdir / "drain-history.jsonl")
+            drained = drain(live, QUEUE, workdir / "drain-history.jsonl", cluster.users.connect_options())
             depth_after = _depth(cluster)
     except Exception as exc:  # noqa: BLE001 - the schedule fails with its error; the run goes on
         error = f"{type(exc).__name__}: {exc}"
@@ -134,7 +135,7 @@ def _depth(cluster: Cluster) -> int | None:
     if primary is None:
         return None
     try:
-        with ManagementClient(cluster.nodes[primary].address, timeout=5) as client:
+        with ManagementClient(cluster.nodes[primary].address, timeout=5, login=cluster.admin) as client:
             queues = client.request("QUERY")["queues"]
     except ManagementError:
         return None

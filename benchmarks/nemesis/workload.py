@@ -41,7 +41,8 @@ class WorkloadError(RuntimeError):
 class Workload:
     """One clients process; ``stop()`` (in a ``finally``) ends it by PID if ``finish()`` did not."""
 
-    def __init__(self, host: Host, urls: list[str], queue: str, workdir: Path) -> None:
+    def __init__(self, host: Host, urls: list[str], queue: str, workdir: Path, credentials: dict[str, str]) -> None:
+        """``credentials``: the clients' ``HASTANDBY_USER``/``HASTANDBY_PASSWORD`` environment."""
         self.history_path = workdir / "clients-history.jsonl"
         self.log_path = workdir / "clients.log"
         self.status: dict[str, dict[str, Any]] = {}
@@ -49,7 +50,8 @@ class Workload:
         command = host.command(sys.executable, "-m", "benchmarks.nemesis.clients", "--urls", ",".join(urls),
                                "--queue", queue, "--history", str(self.history_path))
         with open(self.log_path, "ab") as log:
-            self.popen = subprocess.Popen(command, cwd=REPO_ROOT, env=python_env(), stdin=subprocess.PIPE,
+            self.popen = subprocess.Popen(command, cwd=REPO_ROOT, env={**python_env(), **credentials},
+                                          stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, stderr=log, start_new_session=True)
         self._reader = threading.Thread(target=self._read, name="nemesis-workload-status", daemon=True)
         self._reader.start()
@@ -149,10 +151,13 @@ class Workload:
             return ""
 
 
-def drain(urls: list[str], queue: str, history_path: Path) -> dict[str, Any]:
-    """Consume ``queue`` through ``urls`` until nothing came for DRAIN_QUIET s (at most DRAIN_TIMEOUT s)."""
+def drain(urls: list[str], queue: str, history_path: Path, credentials: dict[str, Any]) -> dict[str, Any]:
+    """Consume ``queue`` through ``urls`` until nothing came for DRAIN_QUIET s (at most DRAIN_TIMEOUT s).
+
+    ``credentials``: proton ``connect`` arguments (user, password).
+    """
     with open(history_path, "a", encoding="utf-8") as out:
-        consumer = Consumer("drain", urls, queue, HistoryWriter(out))
+        consumer = Consumer("drain", urls, queue, HistoryWriter(out), credentials)
         consumer.start()
         started = time.monotonic()
         deadline = started + DRAIN_TIMEOUT
