@@ -48,6 +48,10 @@ class ClusterError(RuntimeError):
     """The cluster could not be brought to the state asked for; the message says what was seen."""
 
 
+class NodeExited(ClusterError):
+    """A node's process ended without the nemesis asking: a crash of the product."""
+
+
 class NamespacedEtcd(EtcdServer):
     """``tests.support.etcd.EtcdServer`` run inside a namespace, listening on its bridge address."""
 
@@ -239,7 +243,8 @@ class Cluster:
             for node in self.nodes.values():
                 if not node.down and node.service is not None and not node.service.running():
                     node.down = True
-                    raise ClusterError(f"{node.node_id} exited by itself: {node.service.log_tail()}")
+                    raise NodeExited(f"{node.node_id} exited by itself with {node.service.popen.returncode}: "
+                                     f"{node.service.log_tail()}")
             seen = check()
             if seen:
                 return seen

@@ -141,6 +141,7 @@ def _progress(result: dict[str, Any]) -> str:
     notes += [f"mismatch after {c['after']}: {'; '.join(c.get('diffs', []))[:300]}"
               for c in result["replica_checks"] if c.get("mismatches")]
     notes += [f"skipped {s}" for s in result["skipped_ops"][:5]]
+    notes += [f"FAILED {s}" for s in result["failed_ops"][:5]]
     notes += [f"node: {p[:200]}" for p in result["node_problems"][:3]]
     if result["logs"]:
         notes.append(f"logs: {result['logs']}")

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .checker import ReplicaDiff
-from .cluster import Cluster, ClusterError
+from .cluster import Cluster, ClusterError, NodeExited
 from .network import Network
 from .replicas import BrowseError, verify_replicas
 from .schedule import (
@@ -75,6 +75,7 @@ class Executor:
         self.bindings: dict[str, Binding] = {}
         self.checks: list[dict[str, Any]] = []
         self.skipped: list[str] = []
+        self.failed: list[str] = []  # ops during which a node exited unasked
         self.node_ids = list(cluster.nodes)
         self.last_op = "start"  # the op a check follows, for its record
         self.deadline: float | None = None  # time.monotonic() by which the op phase's waits end
@@ -107,6 +108,8 @@ class Executor:
             node, result, fields = handler(op)
         except Skip as why:
             node, result, fields = None, f"skipped: {why}", {}
+        except NodeExited as error:
+            node, result, fields = None, f"failed: {error}", {}
         except (ClusterError, BrowseError) as error:
             node, result, fields = None, f"timeout: {error}", {}
         self._record(op, t, node, result, **fields)
@@ -114,6 +117,8 @@ class Executor:
     def _record(self, op: Op, t: float, node: str | None, result: str, **fields: Any) -> None:
         if result.startswith("skipped"):
             self.skipped.append(f"{op}: {result}")
+        elif result.startswith("failed"):
+            self.failed.append(f"{op}: {result}")
         self.trace.nemesis(t, op.kind, node, result, time.time(), target=op.target or None, label=op.label or None,
                            arg=op.arg or None, **fields)
         if op.kind != CHECK:

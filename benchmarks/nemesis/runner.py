@@ -174,6 +174,7 @@ def _summary(schedule: Schedule, round_id: str, verdict: QueueVerdict, checks: l
         "depth_after_drain": depth_after,
         "error": error,
         "skipped_ops": executor.skipped if executor is not None else [],
+        "failed_ops": executor.failed if executor is not None else [],
         "client_events": {kind: history.count(kind) for kind in
                           ("in_doubt", "rejected", "released", "empty", "undecodable", "error", "link_error")},
         "node_problems": problems[:20],
