@@ -162,6 +162,9 @@ def _etcd_settings(endpoints: str | None, ca_file: str | None, cert_file: str | 
 @click.option("--node-id", help="this node's id (default: kept in --data-dir, or random)")
 @click.option("--lease-ttl", type=click.IntRange(min=1), default=2, show_default=True,
               help="etcd lease TTL, seconds: a dead primary is replaced after about this long")
+@click.option("--min-sync", type=click.IntRange(min=1), default=2, show_default=True,
+              help="with etcd: nodes (the primary included) that must hold a message before it is acknowledged; "
+                   "fewer reachable, and producers wait (at most the size of --brokers-url)")
 @click.option("--users-file", type=click.Path(dir_okay=False, path_type=Path),
               help="users and their salted secrets [default: DATA_DIR/users.json] (hastandby user add)")
 @click.option("--allow-anonymous/--no-allow-anonymous", default=True,
@@ -191,6 +194,7 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
           max_message_size: int, no_auto_create: bool, heartbeat: float | None, ha_cluster: bool,
           brokers_url: str, public_url: str | None, backup_timeout: float, client_redirect: bool,
           client_refusal: str, etcd: EtcdSettings | None, cluster_name: str, node_id: str | None, lease_ttl: int,
+          min_sync: int,
           users_file: Path | None, allow_anonymous: bool, acl_file: Path | None, listen_tls: str | None,
           ssl_cert_file: Path | None, ssl_key_file: Path | None, ssl_ca_file: Path | None,
           ssl_require_client_cert: bool, peer_user: str | None, peer_password_file: Path | None,
@@ -248,7 +252,8 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
             brokers = [b.strip() for b in brokers_url.split(",") if b.strip()]
             ha = HaNode(node, HaConfig(brokers=brokers, public_url=public_url, backup_timeout=backup_timeout,
                                        client_redirect=client_redirect, client_refusal=client_refusal,
-                                       heartbeat=heartbeat, etcd=etcd, cluster=cluster_name, lease_ttl=lease_ttl))
+                                       heartbeat=heartbeat, etcd=etcd, cluster=cluster_name, lease_ttl=lease_ttl,
+                                       min_sync=min_sync))
             ha.on_serving.append(dr.set_serving)
         else:
             node.on_start.append(lambda: dr.set_serving(True))

@@ -23,6 +23,16 @@ producers' acknowledgements until etcd confirms the sync set without it
 Otherwise a backup cut off from the primary but not from etcd would stay
 electable while lacking what was acknowledged meanwhile.  Without etcd
 (manual promotion) a departed backup's guards are released at once, as in Qpid.
+
+``min_sync`` (Kafka's ``min.insync.replicas``): nothing is acknowledged unless
+at least that many nodes, this one included, hold it.  A departing backup is
+kept in the sync set (and its guards keep holding) while fewer would remain,
+and while the set etcd holds is smaller than that (a new cluster, a
+promotion whose other members were gone) a *quorum guard* on every
+replicated queue holds each new message until a set large enough is
+confirmed.  A primary cut off from its backups then stops acknowledging
+instead of acknowledging alone, and a backup that holds everything stays
+electable for when the primary dies.
 """
 
 from __future__ import annotations
@@ -202,6 +212,7 @@ class PrimaryReplication:
         on_members: Callable[[], None] = lambda: None,
         keeps_sync_set: bool = False,
         memory: MemoryAlarm | None = None,
+        min_sync: int = 1,
     ) -> None:
         self.registry = registry
         self.driver = driver
@@ -211,6 +222,9 @@ class PrimaryReplication:
         self.on_expected_done = on_expected_done
         self.on_members = on_members
         self.keeps_sync_set = keeps_sync_set
+        self.min_sync = min_sync if keeps_sync_set else 1
+        # While the confirmed sync set is smaller than min_sync: queue name -> the guard holding new messages.
+        self._quorum_guards: dict[str, QueueGuard] | None = None
         self.memory = memory or MemoryAlarm(high=2**62)
         self.backups: dict[str, RemoteBackup] = {}
         self.leaving: dict[str, RemoteBackup] = {}  # out of sync_wanted, holding until etcd confirms
@@ -225,6 +239,8 @@ class PrimaryReplication:
                 backup.guard(queue)
             self.backups[node_id] = backup
         self._update_sync_wanted()
+        if len(self.sync_wanted) < self.min_sync:
+            self._hold_for_quorum()
         registry.observers.append(self)
         if expected:
             self._timeout_timer = driver.schedule(backup_timeout, self._timeout_expected)
@@ -243,6 +259,7 @@ class PrimaryReplication:
             self._timeout_timer.cancel()
         if self in self.registry.observers:
             self.registry.observers.remove(self)
+        self._release_quorum_hold()
         for backup in [*self.backups.values(), *self.leaving.values()]:
             backup.cancel()
             if backup.wiring is not None:
@@ -271,11 +288,30 @@ class PrimaryReplication:
     # -- the sync set ---------------------------------------------------------------------
 
     def _update_sync_wanted(self) -> None:
-        """This node, the expected backups and the ready ones: those that hold everything acknowledged."""
+        """This node, the expected backups and the ready ones: those that hold everything acknowledged.
+
+        Backups on their way out stay in it while fewer than ``min_sync`` nodes would remain.
+        """
         wanted = frozenset({str(self.me["node_id"])}) | {
             b.node_id for b in self.backups.values() if b.expected or b.state == "ready"}
+        if len(wanted) < self.min_sync:
+            wanted |= frozenset(self.leaving)
         if wanted != self.sync_wanted:
             self.sync_wanted = wanted
+
+    def _hold_for_quorum(self) -> None:
+        """Hold every new replicated message until a sync set of ``min_sync`` nodes is confirmed."""
+        if self._quorum_guards is None:
+            log.warning("fewer than min_sync nodes hold every message: acknowledgements wait",
+                        min_sync=self.min_sync)
+            self._quorum_guards = {q.name: QueueGuard(q) for q in self._replicated_queues()}
+
+    def _release_quorum_hold(self) -> None:
+        guards, self._quorum_guards = self._quorum_guards, None
+        if guards is not None:
+            log.info("min_sync nodes hold every message again: acknowledgements flow")
+            for guard in guards.values():
+                guard.cancel()
 
     def _depart(self, backup: RemoteBackup) -> None:
         """``backup`` is gone (disconnected, or an expected one that never came).
@@ -297,7 +333,11 @@ class PrimaryReplication:
             backup.cancel()
 
     def sync_confirmed(self, members: frozenset[str]) -> None:
-        """etcd holds ``members`` as the sync set: leaving backups outside it let go."""
+        """etcd holds ``members`` as the sync set: leaving backups outside it let go; the quorum hold follows its size."""
+        if len(members) >= self.min_sync:
+            self._release_quorum_hold()
+        else:
+            self._hold_for_quorum()
         for node_id, backup in list(self.leaving.items()):
             if node_id not in members:
                 del self.leaving[node_id]
@@ -427,6 +467,9 @@ class PrimaryReplication:
             return
         backup.state = "ready"
         log.info("backup ready", backup=backup.node_id)
+        earlier = self.leaving.pop(backup.node_id, None)
+        if earlier is not None:  # its last connection's guards: this one has all they held now
+            earlier.cancel()
         self._broadcast_members()
         self._check_expected()
 
@@ -475,9 +518,13 @@ class PrimaryReplication:
             self._claim(obj)
             for backup in self.backups.values():
                 backup.guard(obj)
+            if self._quorum_guards is not None:
+                self._quorum_guards[obj.name] = QueueGuard(obj)
 
     def deleted(self, obj: Node) -> None:
         if isinstance(obj, Queue):
+            if self._quorum_guards is not None and obj.name in self._quorum_guards:
+                self._quorum_guards.pop(obj.name).cancel()
             for backup in self.backups.values():
                 guard = backup.guards.pop(obj.name, None)
                 if guard is not None:

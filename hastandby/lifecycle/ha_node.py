@@ -66,6 +66,7 @@ class HaConfig:
     cluster: str = "hastandby"
     lease_ttl: int = 2
     lease_margin: float = 0.5
+    min_sync: int = 2  # with etcd: nodes that must hold a message before it is acknowledged (primary.py)
 
 
 # Events whose refusal is an answer, not a broken role: an older primary's term
@@ -339,6 +340,7 @@ class HaNode:
             on_members=election.wake if election is not None else lambda: None,
             keeps_sync_set=election is not None,
             memory=self.node.handler.memory,
+            min_sync=min(self.config.min_sync, len(self.addresses) or self.config.min_sync),
         )
         if not self.primary.recovering:
             self.node.schedule(0.0, lambda: self.fire(Event.EXPECTED_BACKUPS_READY))

@@ -10,16 +10,16 @@ from hastandby.broker.completion import Completion
 from hastandby.broker.driver import Driver
 from hastandby.broker.lineage import Epoch
 from hastandby.broker.registry import Registry
-from hastandby.browser.primary import PrimaryReplication
+from hastandby.browser.primary import PrimaryReplication, RemoteBackup
 
 
-def replication(keeps_sync_set: bool, expected: dict[str, str] | None = None) -> PrimaryReplication:
+def replication(keeps_sync_set: bool, expected: dict[str, str] | None = None, min_sync: int = 1) -> PrimaryReplication:
     registry = Registry("all", True)
     registry.declare_queue("q")
     return PrimaryReplication(registry, Driver(None), me={"node_id": "p", "url": "h:1"}, term=7,
                               expected=expected if expected is not None else {"b": "h:2"},
                               backup_timeout=10.0, on_expected_done=lambda timed_out: None,
-                              keeps_sync_set=keeps_sync_set)
+                              keeps_sync_set=keeps_sync_set, min_sync=min_sync)
 
 
 def produce(primary: PrimaryReplication) -> list[str]:
@@ -74,3 +74,44 @@ def test_stepping_down_forgets_leaving_backups_too():
     primary.stop()
     assert not primary.leaving and not primary.backups
     assert accepted == ["accepted"]  # released locally; a stepping-down node has closed its clients first
+
+
+def test_with_min_sync_a_departed_last_backup_stays_in_the_sync_set_and_holds_producers():
+    """Cut off from its only backup, the primary stops acknowledging instead of acknowledging alone."""
+    primary = replication(keeps_sync_set=True, min_sync=2)
+    accepted = produce(primary)
+    backup = primary.backups["b"]
+    primary.disconnected(backup, backup.wiring)
+    assert primary.sync_wanted == frozenset({"p", "b"})  # b stays: it holds everything acknowledged
+    primary.sync_confirmed(frozenset({"p", "b"}))
+    assert accepted == [] and "b" in primary.leaving
+
+
+def test_with_min_sync_a_primary_alone_holds_new_messages_until_a_large_enough_set_is_confirmed():
+    primary = replication(keeps_sync_set=True, expected={}, min_sync=2)
+    accepted = produce(primary)
+    queue, _ = primary.registry.declare_queue("later")
+    later: list[str] = []
+    completion = Completion(later.append, "accepted")
+    queue.enqueue(b"m", completion)
+    completion.release()
+    assert accepted == [] and later == []
+    primary.sync_confirmed(frozenset({"p"}))
+    assert accepted == []
+    primary.sync_confirmed(frozenset({"p", "c"}))
+    assert accepted == ["accepted"] and later == ["accepted"]
+    assert produce(primary) == ["accepted"]  # no hold once min_sync nodes hold everything
+
+
+def test_a_backup_ready_again_releases_its_last_connections_guards():
+    primary = replication(keeps_sync_set=True, min_sync=1)
+    accepted = produce(primary)
+    backup = primary.backups["b"]
+    primary.disconnected(backup, backup.wiring)
+    primary.sync_confirmed(frozenset({"p", "b"}))  # b is back in the set by the time etcd answers
+    assert accepted == [] and "b" in primary.leaving
+    again = RemoteBackup("b", "h:2", expected=False)
+    again.connected = True
+    primary.backups["b"] = again
+    primary._check_ready(again)
+    assert accepted == ["accepted"] and not primary.leaving
