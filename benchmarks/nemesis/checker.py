@@ -97,15 +97,16 @@ class ReplicaDiff:
     missing: tuple[int, ...]  # the primary has them, the backup does not
     differing: tuple[int, ...]  # both have the id, with different message bytes
     extra: tuple[int, ...]  # the backup has them, the primary does not (not a mismatch, see below)
+    lineage: bool = False  # the backup's lineage (which primary gave out which ids) is not the primary's
 
     @property
     def mismatches(self) -> int:
-        """Ids whose message would be wrong or gone if this backup took over now.
+        """Ids whose message would be wrong or gone if this backup took over now (a wrong lineage counts one).
 
         ``extra`` ids are left out: a backup learns of dequeues after the
         primary, and a stale extra would only come back as a duplicate.
         """
-        return len(self.missing) + len(self.differing)
+        return len(self.missing) + len(self.differing) + int(self.lineage)
 
     def __str__(self) -> str:
         def ids(values: tuple[int, ...]) -> str:
@@ -119,25 +120,36 @@ class ReplicaDiff:
             parts.append(f"different bytes {len(self.differing)} ({ids(self.differing)})")
         if self.extra:
             parts.append(f"extra {len(self.extra)} ({ids(self.extra)})")
+        if self.lineage:
+            parts.append("a different lineage")
         return " ".join(parts) if len(parts) > 1 else f"{parts[0]} same"
 
 
-Browse = Mapping[str, Mapping[int, bytes]]
-"""One node's queues: queue name -> replication id -> message bytes."""
+Browse = Mapping[str, Mapping[int, str]]
+"""One node's queues: queue name -> replication id -> a digest of the message's bytes."""
 
 
-def compare_replicas(primary: Browse, backups: Mapping[str, Browse]) -> list[ReplicaDiff]:
+Lineages = Mapping[str, object]
+"""One node's queues: queue name -> its lineage (any comparable value)."""
+
+
+def compare_replicas(primary: Browse, backups: Mapping[str, Browse], primary_lineages: Lineages | None = None,
+                     backup_lineages: Mapping[str, Lineages] | None = None) -> list[ReplicaDiff]:
     """Every (backup, queue) whose copy differs from the primary's; a queue a backup lacks counts as empty."""
     diffs = []
     for backup, queues in sorted(backups.items()):
+        theirs_lineages = (backup_lineages or {}).get(backup, {})
         for queue in sorted(set(primary) | set(queues)):
             mine, theirs = primary.get(queue, {}), queues.get(queue, {})
+            lineage = (primary_lineages is not None and queue in queues
+                       and theirs_lineages.get(queue) != primary_lineages.get(queue))
             diff = ReplicaDiff(
                 queue=queue, backup=backup,
                 missing=tuple(sorted(mine.keys() - theirs.keys())),
                 differing=tuple(sorted(i for i in mine.keys() & theirs.keys() if mine[i] != theirs[i])),
                 extra=tuple(sorted(theirs.keys() - mine.keys())),
+                lineage=lineage,
             )
-            if diff.missing or diff.differing or diff.extra:
+            if diff.missing or diff.differing or diff.extra or diff.lineage:
                 diffs.append(diff)
     return diffs

@@ -107,3 +107,13 @@ def test_extra_ids_alone_are_no_mismatch():
 def test_a_queue_the_backup_lacks_counts_as_empty():
     [diff] = compare_replicas({"q": {1: b"x"}, "r": {}}, {"n2": {}})
     assert diff.queue == "q" and diff.missing == (1,)
+
+
+def test_a_backup_with_another_lineage_is_a_mismatch_even_with_the_same_ids():
+    primary = {"q": {1: "aa"}}
+    diffs = compare_replicas(primary, {"n2": {"q": {1: "aa"}}}, {"q": ((5, "n1", 1),)},
+                             {"n2": {"q": ((5, "n1", 1), (9, "n2", 2))}})
+    assert len(diffs) == 1 and diffs[0].lineage and diffs[0].mismatches == 1
+    assert "a different lineage" in str(diffs[0])
+    assert compare_replicas(primary, {"n2": {"q": {1: "aa"}}}, {"q": ((5, "n1", 1),)},
+                            {"n2": {"q": ((5, "n1", 1),)}}) == []
