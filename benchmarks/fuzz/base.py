@@ -40,6 +40,10 @@ class CaseRecord:
     conditions: list[str] = field(default_factory=list)  # error conditions the node sent back
     target: FuzzNode | None = None  # the node the case was aimed at (its checks run against it)
     segments: list[Any] | None = None  # what was written (bytes, and amqp.Wait between them): for a regression
+    hang: str | None = None  # the node stopped doing its part within the case's bound (e.g. never reconnected)
+    lost: int = 0  # messages the node acknowledged (settled accepted) that it does not hold
+    verified: int = 0  # messages the node acknowledged and was then shown to hold (a replica's IDS)
+    loss: str = ""
 
     def note(self, text: str) -> None:
         self.description.append(text)

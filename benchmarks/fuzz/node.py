@@ -55,7 +55,7 @@ from benchmarks._auth import ADMIN, Users
 from benchmarks._proc import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-REFUSAL_TYPES = {"ValueError", "BrokerError", "InvalidArgument", "NotFound", "NotAllowed", "AlreadyExists",
+REFUSAL_TYPES = {"ValueError", "CredentialsError", "BrokerError", "InvalidArgument", "NotFound", "NotAllowed", "AlreadyExists",
                  "ResourceLimitExceeded", "ResourceLocked", "MalformedMessage", "NotPromotable",
                  "StoreUnavailable", "SaslError", "ScramError", "PipeError"}
 FAILURE_EVENTS = {"replication halted"}
@@ -76,27 +76,31 @@ class LogFinding:
         return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _exception_origin(traceback: str) -> tuple[str, str, str]:
-    """(exception type, its message, the source line of the innermost frame) of a rendered traceback."""
+def _exception_origin(traceback: str) -> tuple[str, str, str, str]:
+    """(exception type, its message, file|source line of the innermost frame, the innermost frame in
+    hastandby/ as ``module.py:function``) of a rendered traceback."""
     lines = [line for line in traceback.strip().splitlines() if line.strip()]
     last = lines[-1] if lines else ""
     kind, _, message = last.partition(":")
     kind = kind.strip().rsplit(".", 1)[-1]
-    innermost_file, innermost_code = "", ""
+    innermost_file, innermost_code, ours = "", "", ""
     for index, line in enumerate(lines):
         match = _FRAME.match(line)
         if match:
             innermost_file = match.group(1)
             following = lines[index + 1].strip() if index + 1 < len(lines) else ""
             innermost_code = "" if _FRAME.match(following) else following
-    return kind, message.strip(), f"{innermost_file}|{innermost_code}"
+            path = innermost_file.replace("\\", "/")
+            if "/hastandby/" in path and "/site-packages/" not in path:
+                ours = f"{path.rsplit('/hastandby/', 1)[1]}:{match.group(3)}"
+    return kind, message.strip(), f"{innermost_file}|{innermost_code}", ours
 
 
 def _variable_free(text: str) -> str:
     """A message with its numbers, quoted names and addresses blanked, to count distinct errors."""
     text = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", text)
     text = re.sub(r"0x[0-9a-f]+|\d+", "N", text)
-    return text[:160]
+    return text[:100]
 
 
 def classify(line: str) -> LogFinding | None:
@@ -114,11 +118,12 @@ def classify(line: str) -> LogFinding | None:
     level = str(record.get("level", ""))
     exception = record.get("exception")
     if exception:
-        kind, message, origin = _exception_origin(str(exception))
+        kind, message, origin, ours = _exception_origin(str(exception))
         file_part, _, code = origin.partition("|")
+        path = file_part.replace("\\", "/")
         deliberate = (kind in REFUSAL_TYPES and code.startswith("raise ")
-                      and "/hastandby/" in file_part.replace("\\", "/"))
-        signature = f"{event}: {kind}: {_variable_free(message)}"
+                      and "/hastandby/" in path and "/site-packages/" not in path)
+        signature = f"{event}: {kind}: {_variable_free(message)} (in {ours or '?'})"
         return LogFinding("contained" if deliberate else "failure", signature, record)
     if level == "critical" or event in FAILURE_EVENTS:
         return LogFinding("failure", f"{event}: {_variable_free(str(record.get('reason', '')))}", record)

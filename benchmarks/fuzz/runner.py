@@ -58,6 +58,7 @@ class Tally:
     losses: int = 0  # acknowledged messages lost
     lost_messages: int = 0
     conjured: int = 0
+    verified: int = 0  # acknowledged replicated messages checked present afterwards (backup, dr-replica)
     failures: int = 0  # cases with an unhandled error in the log (or a check that failed otherwise)
     harness_errors: int = 0
     seconds: float = 0.0
@@ -79,6 +80,7 @@ class Tally:
         return {
             "kind": self.kind, "seed": self.seed, "cases": self.cases, "crashes": self.crashes, "hangs": self.hangs,
             "losses": self.losses, "lost_messages": self.lost_messages, "conjured": self.conjured,
+            "verified": self.verified,
             "failures": self.failures, "failing_cases": self._failing_count, "harness_errors": self.harness_errors,
             "restarts": self.restarts, "seconds": round(self.seconds, 1),
             "check_seconds_mean": round(self.check_seconds / self.cases, 4) if self.cases else None,
@@ -140,6 +142,9 @@ class Runner:
         if dead:
             tally.crashes += 1
             reasons.append("crash: " + ", ".join(f"{n.name} exited with {n.returncode()}" for n in dead))
+        elif record.hang:
+            tally.hangs += 1
+            reasons.append(f"hang: {record.hang}")
         elif check is not None and not check.ok:
             if check.hang:
                 tally.hangs += 1
@@ -151,6 +156,11 @@ class Runner:
         if check is not None and check.lost:
             tally.losses += 1
             tally.lost_messages += check.lost
+        tally.verified += record.verified
+        if record.lost:
+            tally.losses += 1
+            tally.lost_messages += record.lost
+            reasons.append(f"loss: {record.loss}")
         if check is not None:
             tally.conjured += check.conjured
         log_lines = []
@@ -182,7 +192,7 @@ class Runner:
                     print(f"      {line}", flush=True)
                 for line in log_lines[:3]:
                     print(f"      log: {line[:600]}", flush=True)
-        if dead or (check is not None and (check.hang or not check.ok)):
+        if dead or record.hang or (check is not None and (check.hang or not check.ok)):
             tally.restarts += 1
             kind.recover()
         return reasons
@@ -197,12 +207,12 @@ def _segments(record: CaseRecord) -> list[str] | None:
 
 def table(tallies: list[Tally]) -> str:
     """The summary: one row per kind."""
-    header = ["kind", "cases", "crashes", "hangs", "losses", "failures", "failing", "harness", "contained",
-              "errors", "refusals", "conditions", "seconds"]
+    header = ["kind", "cases", "crashes", "hangs", "losses", "failures", "failing", "harness", "verified",
+              "contained", "errors", "refusals", "conditions", "seconds"]
     rows = [header]
     for t in tallies:
         rows.append([t.kind, str(t.cases), str(t.crashes), str(t.hangs), str(t.losses), str(t.failures),
-                     str(t._failing_count), str(t.harness_errors), str(len(t.contained)), str(len(t.errors)),
+                     str(t._failing_count), str(t.harness_errors), str(t.verified), str(len(t.contained)), str(len(t.errors)),
                      str(len(t.refusals)), str(len(t.conditions)), f"{t.seconds:.0f}"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row))
