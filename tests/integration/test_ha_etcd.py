@@ -649,6 +649,42 @@ def test_frozen_primary_rejoins_without_its_stale_messages_and_loses_nothing_onc
     assert set(receiver.seen) <= accepted | set(range(last + 1, last + 21)), set(receiver.seen) - accepted
 
 
+def test_a_node_keeps_answering_while_etcd_hangs_under_a_management_request(ha, etcd):
+    """etcd frozen (SIGSTOP): a REPLICATE request must store its configuration there, which blocks for
+    seconds; it waits on a worker thread, and the node answers everyone else meanwhile (bound: 0.5 s)."""
+    c = ha(3)
+    primary = c.wait_settled()
+    c.create_queue(primary, "dr")
+    outcome: dict[str, Any] = {}
+
+    def replicate() -> None:
+        started = time.monotonic()
+        try:
+            outcome["reply"] = c[primary].request("REPLICATE", "queue", "dr", {"source": "127.0.0.1:9"})
+        except ManagementError as error:
+            outcome["error"] = str(error)
+        outcome["took"] = time.monotonic() - started
+
+    etcd.pause()
+    try:
+        requester = threading.Thread(target=replicate, daemon=True)
+        requester.start()
+        answers = []
+        while requester.is_alive() and len(answers) < 100:
+            started = time.monotonic()
+            assert c.status(primary, timeout=2.0) is not None
+            answers.append(time.monotonic() - started)
+            time.sleep(0.05)
+        requester.join(15)
+    finally:
+        etcd.resume()
+    print(f"\nREPLICATE with etcd frozen: {outcome}; {len(answers)} STATUS requests meanwhile, "
+          f"slowest {max(answers) * 1000:.0f} ms")
+    assert "took" in outcome, "the REPLICATE request never finished"
+    assert len(answers) >= 5 and max(answers) < 0.5, answers
+    assert "cannot store the replication configuration" in outcome.get("error", ""), outcome
+
+
 def test_stale_term_primary_is_not_followed(ha):
     """After a SIGSTOP failover the resumed old primary has an older term: the backups ignore it.
 
