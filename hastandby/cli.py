@@ -167,7 +167,7 @@ def _etcd_settings(endpoints: str | None, ca_file: str | None, cert_file: str | 
                    "fewer reachable, and producers wait (at most the size of --brokers-url)")
 @click.option("--users-file", type=click.Path(dir_okay=False, path_type=Path),
               help="users and their salted secrets [default: DATA_DIR/users.json] (hastandby user add)")
-@click.option("--allow-anonymous/--no-allow-anonymous", default=True,
+@click.option("--allow-anonymous/--no-allow-anonymous", default=False,
               help="accept connections without credentials, with every right unless --acl-file says otherwise "
                    "(development and trials only)")
 @click.option("--acl-file", type=click.Path(dir_okay=False, path_type=Path),
@@ -245,7 +245,7 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
     try:
         node = Node(config)
         dr = DisasterRecovery(node, config_store(data_dir, etcd, cluster_name),
-                              public_url or config.peer_address, heartbeat=heartbeat or 2.0)
+                              public_url or config.peer_address, heartbeat=min(heartbeat, 2.0) or 2.0)
         if ha_cluster:
             from .lifecycle.ha_node import HaConfig, HaNode
 
