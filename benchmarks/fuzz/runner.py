@@ -219,3 +219,27 @@ def table(tallies: list[Tally]) -> str:
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def fuzz(kind_name: str, cases: int, seed: int, directory: Any, start: int = 0, verbose: bool = False) -> Tally:
+    """Start ``kind_name``'s nodes in ``directory``, run ``cases`` cases from ``seed``, stop the nodes."""
+    from benchmarks._auth import users
+
+    from .kinds import KINDS
+
+    kind = KINDS[kind_name](directory, users())
+    try:
+        kind.setup()
+        return Runner(kind, seed, verbose=verbose).run(cases, start)
+    finally:
+        kind.teardown()
+
+
+def report(tally: Tally) -> str:
+    """A failing tally in words, for an assertion message."""
+    lines = [table([tally])]
+    for failing in tally.failing:
+        lines.append(f"case {failing.index} (seed {tally.seed}): {'; '.join(failing.reasons)}")
+        lines += [f"    {line}" for line in failing.description[:12]]
+        lines += [f"    log: {line[:1200]}" for line in failing.log[:2]]
+    return "\n".join(lines)

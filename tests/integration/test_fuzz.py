@@ -1,0 +1,418 @@
+"""Fuzzing live nodes (``benchmarks/fuzz``, docs/fuzz.md): a fixed budget per input kind, and what it found.
+
+``test_fuzz_budget`` runs a small fixed number of seeded cases of every
+input kind against real ``hastandby serve`` processes (authentication
+required; the ``frames`` kind also fuzzes a node with ``--allow-anonymous``),
+and after every case the fuzzer checks that each node still runs, answers a
+management PING and a reference producer and consumer within a bound
+(losing nothing), and logged no unhandled error (``benchmarks/fuzz/node.py``
+says exactly which records count).  A failure names the case: replay it with
+``python -m benchmarks.fuzz --kinds KIND --seed 13 --start CASE --cases 1``.
+
+The regression tests below are the product bugs the fuzzer found, each as
+a fixed input (explicit frames, properties or message bodies): the node
+must refuse such input cleanly, with no exception reaching its containment
+paths, keep answering, and lose nothing.  They fail until hastandby/ is
+fixed (docs/fuzz.md lists them with what the node does today).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from proton import Endpoint, Message, symbol
+
+from benchmarks._auth import users
+from benchmarks.fuzz import amqp
+from benchmarks.fuzz.backup import Backup
+from benchmarks.fuzz.base import FUZZ_QUEUE, REFERENCE_QUEUE, REPLY_QUEUE, conditions, converse, sasl_login
+from benchmarks.fuzz.checks import admin_request, reference
+from benchmarks.fuzz.dr import DrSourceKind
+from benchmarks.fuzz.dr_replica import DrReplica
+from benchmarks.fuzz.fake import send
+from benchmarks.fuzz.frames import Frames
+from benchmarks.fuzz.mutate import serialise
+from benchmarks.fuzz.node import FuzzNode
+from benchmarks.fuzz.replication import Replication
+from benchmarks.fuzz.runner import fuzz, report
+from benchmarks.fuzz.wire import Engine, Raw
+from hastandby.browser.protocol import (
+    BACKUP_PROPERTY,
+    DEQUEUE_TAG,
+    IDS_PROPERTY,
+    LINEAGE_PROPERTY,
+    REPLICATE_PROPERTY,
+    STATUS_ADDRESS,
+    TERM_PROPERTY,
+    WIRING_ADDRESS,
+    encode_batch,
+)
+from hastandby.dr.protocol import ACK_ADDRESS, ACK_PROPERTY, EPOCH_PROPERTY, KEY_PROPERTY, MODE_PROPERTY, \
+    REPLICA_PROPERTY
+
+pytestmark = pytest.mark.timeout(240)
+
+SEED = 13
+BUDGET = {"frames": 100, "management": 100, "replication": 40, "dr": 40, "backup": 15, "dr-replica": 15}
+
+
+@pytest.mark.parametrize("kind", list(BUDGET))
+def test_fuzz_budget(kind: str, tmp_path: Path) -> None:
+    tally = fuzz(kind, BUDGET[kind], SEED, tmp_path)
+    assert tally.cases == BUDGET[kind]
+    assert tally.harness_errors == 0, report(tally)
+    assert (tally.crashes, tally.hangs, tally.losses, tally._failing_count) == (0, 0, 0, 0), report(tally)
+
+
+def test_frame_scripts_are_valid(standalone: FuzzNode) -> None:
+    """The conversations the frame fuzzer mutates do what they say, unmutated (so mutations start from sense)."""
+    for name, make in amqp.scripts(FUZZ_QUEUE, REPLY_QUEUE).items():
+        replies = _after_login(standalone, serialise([amqp.AMQP_HEADER] + make()))
+        codes = [code for code, _ in replies]
+        assert amqp.CLOSE in codes and not conditions(replies), (name, replies)
+        if name in ("producer", "relay", "management", "multi_frame"):
+            dispositions = [fields for code, fields in replies if code == amqp.DISPOSITION]
+            assert dispositions and all(int(f[4].descriptor) == amqp.ACCEPTED for f in dispositions), (name, replies)
+    _assert_clean(standalone)
+
+
+# -- the bugs found ----------------------------------------------------------------------------------
+#
+# Each sends one fixed input, then asserts what every fuzz case asserts (``_assert_clean``).
+
+
+def test_attach_with_an_address_that_is_not_utf8(standalone: FuzzNode) -> None:
+    """An AMQP string with invalid UTF-8 (proton's decoder does not check it) as a target address:
+    today ``link error, closing the link`` with UnicodeDecodeError from dr/source.py:attach
+    (``terminus.address``), and the link closed with amqp:internal-error."""
+    attach = _invalid_utf8(amqp.attach("fz-sender", 0, amqp.SENDER, "fz.q\x7f"), b"fz.q\x7f")
+    _after_login(standalone, [amqp.AMQP_HEADER + amqp.open_().encode() + amqp.begin().encode() + attach,
+                              amqp.Wait(amqp.DETACH), amqp.close().encode()])
+    _assert_clean(standalone)
+
+
+def test_management_reply_to_that_is_not_utf8(standalone: FuzzNode) -> None:
+    """A management request whose reply-to is invalid UTF-8: today ``link endpoint failed`` with
+    UnicodeDecodeError from management.py (``request.reply_to``), and the management link closed."""
+    request = bytes(Message(properties={"operation": "PING"}, body={}, reply_to="fz.reply\x7f",
+                            id="fz").encode()).replace(b"fz.reply\x7f", b"fz.reply\xff")
+    frames = [amqp.AMQP_HEADER, amqp.open_(), amqp.begin(), amqp.attach("fz-mgmt", 0, amqp.SENDER, "$management"),
+              amqp.Wait(amqp.FLOW), amqp.transfer(0, 0, b"m", request), amqp.Wait(amqp.DISPOSITION), amqp.close()]
+    _after_login(standalone, serialise(frames))
+    _assert_clean(standalone)
+
+
+def test_open_properties_that_are_not_a_map(standalone: FuzzNode) -> None:
+    """An open whose properties field is a string: today every attach on that connection fails with
+    AttributeError in dr/source.py:replica_info (``remote_properties.get``), logged as an unhandled error."""
+    frames = [amqp.AMQP_HEADER, amqp.open_(properties="not a map"), amqp.begin(),  # type: ignore[arg-type]
+              amqp.attach("fz-sender", 0, amqp.SENDER, FUZZ_QUEUE), amqp.Wait(amqp.ATTACH), amqp.close()]
+    _after_login(standalone, serialise(frames))
+    _assert_clean(standalone)
+
+
+def test_connection_property_with_a_binary_key(standalone: FuzzNode) -> None:
+    """Connection properties whose map has a binary key (legal AMQP): proton's Python binding decodes
+    it as a memoryview and cannot put it in a dict, so reading ``remote_properties`` raises
+    ValueError ('cannot hash writable memoryview object'), today in dr/source.py:replica_info on
+    every attach (and in lifecycle/ha_node.py:_is_admin at open on a cluster node)."""
+    frames = [amqp.AMQP_HEADER, amqp.open_(properties={b"key": "value"}), amqp.begin(),
+              amqp.attach("fz-sender", 0, amqp.SENDER, FUZZ_QUEUE), amqp.Wait(amqp.ATTACH), amqp.close()]
+    _after_login(standalone, serialise(frames))
+    _assert_clean(standalone)
+
+
+def test_dr_ack_through_that_is_not_a_number(standalone: FuzzNode) -> None:
+    """A DR replica's acknowledgement ``{"through": "x"}`` on ``$dr.ack``: today ValueError from
+    ``int(body.get("through"))`` in dr/source.py (AckReceiver.on_delivery), logged as
+    ``link endpoint failed``, and the ack link closed."""
+    engine = Engine.connect(standalone.host, standalone.port, "peer", standalone.users.passwords["peer"],
+                            properties={REPLICA_PROPERTY: {"node_id": "fz-replica", "url": "127.0.0.1:1"}})
+    try:
+        session = engine.connection.session()
+        session.open()
+        data = session.receiver("fz-data")
+        data.source.address = FUZZ_QUEUE
+        data.target.address = FUZZ_QUEUE
+        data.properties = {MODE_PROPERTY: "enqueue", KEY_PROPERTY: "kfz", ACK_PROPERTY: True}
+        data.open()
+        ack = session.sender("fz-ack")
+        ack.target.address = ACK_ADDRESS
+        ack.open()
+        assert engine.run_until(lambda: ack.credit > 0, 3.0)
+        ack.delivery(b"a")
+        ack.send(Message(body={"through": "x"}).encode())
+        ack.advance()
+        engine.run_for(0.3)
+        data.condition = None
+        data.close()
+        engine.run_for(0.1)
+    finally:
+        engine.close(linger=0.2)
+    _assert_clean(standalone)
+
+
+def test_receiver_link_properties_that_are_not_a_map(primary: FuzzNode) -> None:
+    """Any client (here ``app``) attaching a receiver to a cluster primary with link properties that
+    are a string: today AttributeError in browser/primary.py:attach (``properties.get``), and the
+    link closed with amqp:internal-error."""
+    engine = Engine.connect(primary.host, primary.port, "app", primary.users.passwords["app"])
+    try:
+        session = engine.connection.session()
+        session.open()
+        receiver = session.receiver("fz-receiver")
+        receiver.source.address = REFERENCE_QUEUE
+        receiver.properties = "not a map"  # type: ignore[assignment]
+        receiver.open()
+        engine.run_until(lambda: bool(receiver.state & (Endpoint.REMOTE_ACTIVE | Endpoint.REMOTE_CLOSED)), 3.0)
+    finally:
+        engine.close(linger=0.2)
+    _assert_clean(primary)
+
+
+@pytest.mark.parametrize("term", ["x", [1]])
+def test_browser_term_that_is_not_a_number(primary: FuzzNode, term: Any) -> None:
+    """A backup's replicating browser with ``qpid.ha-term`` of ``"x"`` or ``[1]``: today ValueError or
+    TypeError from ``int(...)`` in browser/primary.py:_attach_browser, logged as ``link error``."""
+    engine = _fake_backup(primary)
+    try:
+        session = engine.connection.session()
+        session.open()
+        browser = session.receiver("qpid.ha-q:fuzz.ref")
+        browser.source.address = REFERENCE_QUEUE
+        browser.target.address = REFERENCE_QUEUE
+        browser.source.distribution_mode = 1  # copy
+        browser.properties = {REPLICATE_PROPERTY: True, IDS_PROPERTY: [], LINEAGE_PROPERTY: [], TERM_PROPERTY: term}
+        browser.open()
+        engine.run_until(lambda: bool(browser.state & (Endpoint.REMOTE_ACTIVE | Endpoint.REMOTE_CLOSED)), 3.0)
+    finally:
+        engine.close(linger=0.2)
+    _assert_clean(primary)
+
+
+def test_status_message_map_with_a_binary_key(primary: FuzzNode) -> None:
+    """A backup's status message ``{b"memory_alarm": True}`` (a binary key, legal AMQP): today ValueError
+    ('cannot hash writable memoryview object') from proton in browser/protocol.py:decode_control,
+    logged as ``link endpoint failed``."""
+    engine = _fake_backup(primary)
+    try:
+        session = engine.connection.session()
+        session.open()
+        status = session.sender("qpid.ha-status")
+        status.target.address = STATUS_ADDRESS
+        status.open()
+        assert engine.run_until(lambda: status.credit > 0, 3.0)
+        status.delivery(b"s1")
+        status.send(Message(body={b"memory_alarm": True}).encode())
+        status.advance()
+        engine.run_for(0.3)
+    finally:
+        engine.close(linger=0.2)
+    _assert_clean(primary)
+
+
+def test_hello_term_that_is_not_a_number(backup: Backup) -> None:
+    """A primary's hello with ``"term": "x"``: today ValueError from ``int(body.get("term"))`` in
+    browser/backup.py:wiring_message, logged as ``link endpoint failed``."""
+    _to_backup(backup, [{"type": "hello", "primary": {"node_id": "fz-primary", "url": backup.fake.address},
+                         "term": "x", "replicate_default": "all", "members": []}])
+    _assert_clean(backup.node)
+
+
+def test_members_entry_that_is_not_a_map(backup: Backup) -> None:
+    """A ``members`` update listing a string among the members: today AttributeError (``m.get``) in
+    lifecycle/ha_node.py:_members, logged as ``link endpoint failed``."""
+    hello = _hello(backup)
+    _to_backup(backup, [hello, {"type": "members", "term": hello["term"], "members": ["not a map"]}])
+    _assert_clean(backup.node)
+
+
+def test_dequeue_that_is_not_a_list(backup: Backup) -> None:
+    """A dequeue delivery (tag ``d``) on a replicating browser whose body is the number 7: today
+    TypeError ('int' object is not iterable) in browser/protocol.py:decode_dequeues."""
+    _to_backup(backup, [_hello(backup), _snapshot()], browser_deliveries=[
+        (DEQUEUE_TAG + b"1", bytes(Message(body=7).encode()))])
+    _assert_clean(backup.node)
+
+
+def test_batch_with_an_id_beyond_64_bit_signed(backup: Backup) -> None:
+    """A batch carrying replication id 2**64 - 1: Queue.enqueue sets ``next_id`` past it and then fails
+    (OverflowError appending to its array of ids), so the queue is left with ``next_id`` = 2**64:
+    from then on every QUERY of the node fails (amqp:internal-error 'int too big to convert'), and a
+    promoted backup could give out no more ids on that queue."""
+    try:
+        _to_backup(backup, [_hello(backup), _snapshot()], browser_deliveries=[
+            (b"b1", encode_batch([2**64 - 1], [bytes(Message(body="fz").encode())]))])
+        admin_request(backup.node, "QUERY", timeout=5.0)
+        _assert_clean(backup.node)
+    finally:
+        backup.recover()  # a fresh node for the tests that follow
+
+
+def test_empty_batch_to_a_dr_replica(replica: DrReplica) -> None:
+    """A DR source's batch of no messages: today IndexError (``ids[-1]``) in
+    dr/replica.py:_enqueue_batch, logged as ``link endpoint failed``."""
+    _to_replica(replica, [(b"b1", encode_batch([], []))])
+    _assert_clean(replica.node)
+
+
+def test_enqueue_replica_batch_with_a_huge_id(replica: DrReplica) -> None:
+    """As for a backup: a source's batch id 2**64 - 1 leaves the replica queue's ``next_id`` at 2**64
+    and every later QUERY of the node failing; in enqueue mode every later message of that epoch is
+    also taken for a duplicate."""
+    try:
+        _to_replica(replica, [(b"b1", encode_batch([2**64 - 1], [bytes(Message(body="fz").encode())]))],
+                    queue="fz.dr.enq")
+        admin_request(replica.node, "QUERY", timeout=5.0)
+        _assert_clean(replica.node)
+    finally:
+        replica.recover()  # a fresh node for the tests that follow
+
+
+# -- nodes ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzNode]:
+    kind = Frames(tmp_path_factory.mktemp("standalone"), users())
+    try:
+        kind.setup()
+        assert kind.node is not None
+        yield kind.node
+    finally:
+        kind.teardown()
+
+
+@pytest.fixture(scope="module")
+def primary(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzNode]:
+    kind = Replication(tmp_path_factory.mktemp("primary"), users())
+    try:
+        kind.setup()
+        assert kind.node is not None
+        yield kind.node
+    finally:
+        kind.teardown()
+
+
+@pytest.fixture(scope="module")
+def backup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backup]:
+    kind = Backup(tmp_path_factory.mktemp("backup"), users())
+    try:
+        kind.setup()
+        yield kind
+    finally:
+        kind.teardown()
+
+
+@pytest.fixture(scope="module")
+def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DrReplica]:
+    kind = DrReplica(tmp_path_factory.mktemp("replica"), users())
+    try:
+        kind.setup()
+        yield kind
+    finally:
+        kind.teardown()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_logs(request: pytest.FixtureRequest) -> None:
+    """What a test's node logged before the test is not the test's."""
+    for name in ("standalone", "primary", "backup", "replica"):
+        if name in request.fixturenames:
+            node = request.getfixturevalue(name)
+            (node if isinstance(node, FuzzNode) else node.node).findings()
+
+
+# -- helpers ------------------------------------------------------------------------------------------
+
+
+def _assert_clean(node: Any) -> None:
+    """What every fuzz case asserts: alive, answering, nothing lost, no unhandled error in the log."""
+    kind_node = node
+    check = reference(kind_node, REFERENCE_QUEUE if kind_node.name != "backup" else "fuzz.ref.local", 10, 5.0,
+                      user="admin" if kind_node.name == "backup" else "app", admin_link=kind_node.name == "backup")
+    failures = [f for f in kind_node.findings() if f.verdict == "failure"]
+    assert kind_node.alive(), kind_node.tail()
+    assert check.ok, check.error
+    assert not failures, "unhandled errors logged:\n" + "\n".join(f.excerpt(3000) for f in failures)
+
+
+def _after_login(node: FuzzNode, segments: list[Any]) -> list[tuple[int | None, Any]]:
+    raw = Raw(node.host, node.port)
+    try:
+        assert sasl_login(raw, "app", node.users.passwords["app"], "PLAIN") is None
+        return converse(raw, segments, read_for=0.5)
+    finally:
+        raw.close()
+
+
+def _invalid_utf8(frame: amqp.Frame, marker: bytes) -> bytes:
+    """``frame`` encoded, with the last byte of ``marker`` (a 0x7f) turned into 0xff: invalid UTF-8, same length."""
+    data = frame.encode()
+    assert data.count(marker) == 1
+    return data.replace(marker, marker[:-1] + b"\xff")
+
+
+def _fake_backup(primary: FuzzNode) -> Engine:
+    return Engine.connect(primary.host, primary.port, "peer", primary.users.passwords["peer"],
+                          properties={BACKUP_PROPERTY: {"node_id": "fz-regression", "url": "127.0.0.1:1",
+                                                        "state": "catchup"}})
+
+
+def _hello(backup: Backup) -> dict[str, Any]:
+    return {"type": "hello", "primary": {"node_id": "fz-primary", "url": backup.fake.address}, "term": backup.term,
+            "replicate_default": "all", "members": []}
+
+
+def _snapshot() -> dict[str, Any]:
+    from benchmarks.fuzz.backup import queue_spec
+
+    return {"type": "snapshot", "queues": [queue_spec("fz.b1", "all")], "exchanges": [], "bindings": []}
+
+
+def _to_backup(backup: Backup, wiring: list[Any], browser_deliveries: list[tuple[bytes, bytes]] = ()) -> None:
+    """Serve the backup's next connection: ``wiring`` on the wiring link, then the deliveries on fz.b1's browser."""
+    fake = backup.fake
+    fake.answer = lambda link, served: setattr(link, "properties", {
+        LINEAGE_PROPERTY: served.attach_properties.get(link.remote_source.address or "", {}).get(LINEAGE_PROPERTY)
+        or []}) if link.is_sender and link.remote_source.address != WIRING_ADDRESS else None
+    served = fake.accept()
+    assert served is not None, "the backup did not connect"
+    try:
+        assert fake.run(served, 3.0, lambda: WIRING_ADDRESS in served.links and served.links[WIRING_ADDRESS].credit > 0)
+        for number, body in enumerate(wiring):
+            send(served.links[WIRING_ADDRESS], b"w%d" % number, bytes(Message(body=body).encode()), settled=True)
+        if browser_deliveries:
+            assert fake.run(served, 3.0, lambda: "fz.b1" in served.links and served.links["fz.b1"].credit > 0)
+            for tag, data in browser_deliveries:
+                send(served.links["fz.b1"], tag, data)
+        fake.run(served, 1.1)
+    finally:
+        served.engine.close(linger=0.1)
+
+
+def _to_replica(replica: DrReplica, deliveries: list[tuple[bytes, bytes]], queue: str = "") -> None:
+    """Serve the replica's connections (for ``queue``, or either) with a new epoch, then ``deliveries``."""
+    fake = replica.fake
+    fake.answer = lambda link, served: setattr(link, "properties", {
+        EPOCH_PROPERTY: f"fz-epoch-{random.getrandbits(32)}", LINEAGE_PROPERTY: []}) if link.is_sender else None
+    for _ in range(3):
+        served = fake.accept()
+        assert served is not None, "the replica did not connect"
+        try:
+            fake.run(served, 3.0, lambda: any(q in served.links and served.links[q].credit > 0
+                                              for q in ("fz.dr.full", "fz.dr.enq")))
+            name = next(q for q in ("fz.dr.full", "fz.dr.enq") if q in served.links)
+            if queue and name != queue:
+                fake.run(served, 1.1)
+                continue
+            for tag, data in deliveries:
+                send(served.links[name], tag, data)
+            fake.run(served, 1.1)
+            return
+        finally:
+            served.engine.close(linger=0.1)
+    pytest.fail(f"the replica never connected for {queue}")
