@@ -67,9 +67,13 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(directory, ignore_errors=True)
     print()
     print(table(tallies))
-    for tally in tallies:
-        for signature, count in tally.failure_signatures.most_common(10):
-            print(f"  {tally.kind}: {count} x {signature}")
+    for title, attribute in (("unhandled errors (failures)", "failure_signatures"),
+                             ("refusals through a containment path (not failures)", "contained")):
+        lines = [f"  {tally.kind}: {count} x {signature}" for tally in tallies
+                 for signature, count in getattr(tally, attribute).most_common(12)]
+        if lines:
+            print(f"\n{title}:")
+            print("\n".join(lines))
     if args.json or args.out:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         path = args.out or RESULTS / f"fuzz-{stamp}.json"

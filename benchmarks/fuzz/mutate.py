@@ -224,6 +224,16 @@ def mutate_script(rng: random.Random, frames: list[Any]) -> tuple[list[Any], lis
             count = rng.choice([1, 5, 500])
             out[index:index] = [Frame(None) for _ in range(count)]
             notes.append(f"{count} empty frame(s) at {index}")
+        elif roll < 0.97:
+            size = rng.choice([1024 * 1024 + 1, 3 * 1024 * 1024 // 2, 4 * 1024 * 1024])
+            if isinstance(target, Frame) and target.code == amqp.TRANSFER:
+                target.payload = rng.randbytes(64) * (size // 64)
+                notes.append(f"transfer payload of {size} bytes")
+            elif isinstance(target, Frame):
+                target.fields.append(b"\x00" * size)
+                notes.append(f"{target.name}: a field of {size} bytes")
+            else:
+                notes.append("huge: nothing to grow")
         else:
             if isinstance(target, Frame) and target.code == amqp.TRANSFER:
                 target.payload, payload_notes = mutate_bytes(rng, target.payload)

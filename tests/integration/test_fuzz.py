@@ -147,9 +147,27 @@ def test_dr_ack_through_that_is_not_a_number(standalone: FuzzNode) -> None:
         ack.send(Message(body={"through": "x"}).encode())
         ack.advance()
         engine.run_for(0.3)
-        data.condition = None
-        data.close()
-        engine.run_for(0.1)
+    finally:
+        engine.close(linger=0.2)
+    _assert_clean(standalone)
+
+
+def test_empty_delivery_on_the_dr_ack_link(standalone: FuzzNode) -> None:
+    """A delivery with no payload on ``$dr.ack`` (any control link): ``receive_whole`` reads no bytes
+    (None) and browser/protocol.py:decode_control hands it to ``Message.decode``: today TypeError
+    ('a bytes-like object is required, not NoneType'), logged as ``link endpoint failed``."""
+    engine = Engine.connect(standalone.host, standalone.port, "peer", standalone.users.passwords["peer"],
+                            properties={REPLICA_PROPERTY: {"node_id": "fz-replica", "url": "127.0.0.1:1"}})
+    try:
+        session = engine.connection.session()
+        session.open()
+        ack = session.sender("fz-ack")
+        ack.target.address = ACK_ADDRESS
+        ack.open()
+        assert engine.run_until(lambda: ack.credit > 0, 3.0)
+        ack.delivery(b"a")
+        ack.advance()
+        engine.run_for(0.3)
     finally:
         engine.close(linger=0.2)
     _assert_clean(standalone)
