@@ -17,7 +17,7 @@ import shutil
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from benchmarks._auth import users
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{title}:")
             print("\n".join(lines))
     if args.json or args.out:
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         path = args.out or RESULTS / f"fuzz-{stamp}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"seed": args.seed, "cases_per_kind": args.cases, "start": args.start,

@@ -15,8 +15,9 @@ and 3.5 (source, target, outcomes); ``SASL_*`` are part 5.3.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 from proton import Data, Described, Message, symbol, ubyte, uint, ulong, ushort
 
@@ -105,7 +106,7 @@ def decode_frame(frame: bytes) -> tuple[int | None, Any]:
     try:
         data.decode(body)
         value = data.get_object()
-    except Exception:
+    except Exception:  # noqa: BLE001 - proton's decoder raises its own and Python's errors on a mutated frame
         return None, None
     if isinstance(value, Described):
         try:

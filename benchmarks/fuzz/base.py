@@ -141,7 +141,7 @@ def sasl_login(raw: Raw, user: str, password: str, mechanism: str, timeout: floa
         if client.failed:
             return client.failed
         before = len(raw.received)
-        raw.read(max(0.0, deadline - time.monotonic()), until=lambda got: len(got) > before)
+        raw.read(max(0.0, deadline - time.monotonic()), until=lambda got, before=before: len(got) > before)
         fresh = bytes(raw.received[consumed:])
         consumed = len(raw.received)
         rest = client.receive(fresh)

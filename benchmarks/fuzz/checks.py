@@ -123,7 +123,7 @@ class _Reference:
         message = Message()
         try:
             message.decode(data)
-        except Exception as error:  # a node that sends garbage: the check fails, saying so
+        except Exception as error:  # noqa: BLE001 - a node that sends garbage: the check fails, saying so
             self.error = f"undecodable message from the node: {error}"
             return
         if link == self.replies:

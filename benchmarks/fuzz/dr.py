@@ -30,6 +30,7 @@ from typing import Any
 from proton import Condition, Endpoint, Message, Terminus
 
 from hastandby.browser.protocol import IDS_PROPERTY
+from hastandby.client import ManagementError
 from hastandby.dr.protocol import (
     ACK_ADDRESS,
     ACK_PROPERTY,
@@ -47,7 +48,17 @@ from hastandby.dr.protocol import (
 from . import mutate, values
 from .base import REFERENCE_QUEUE, CaseRecord, Kind
 from .checks import admin_request
-from .replication import _ascii, _encodable, _FakeBackup, _fill, _links_of, _short, mutated_ids, mutated_lineage, raw_frame
+from .replication import (
+    _ascii,
+    _encodable,
+    _FakeBackup,
+    _fill,
+    _links_of,
+    _short,
+    mutated_ids,
+    mutated_lineage,
+    raw_frame,
+)
 from .wire import Engine, WireError
 
 SOURCE_QUEUE = "fz.d1"
@@ -103,7 +114,7 @@ class DrSourceKind(Kind):
             if name.startswith("$dr."):
                 try:
                     admin_request(node, "DELETE", "queue", name)
-                except Exception:
+                except ManagementError:
                     pass
 
     def run_case(self, rng: random.Random, index: int) -> CaseRecord:

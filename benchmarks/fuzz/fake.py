@@ -12,9 +12,10 @@ connection: its links by address, what the node settled, what it sent.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from hashlib import blake2b
-from typing import Any, Callable
+from typing import Any
 
 from proton import Delivery, Endpoint
 
@@ -64,7 +65,7 @@ class FakePeer:
             engine = server_engine(sock, self.credentials)
             served = Served(engine)
             handler = _Handler(self, served)
-            opened = engine.run_until(lambda: bool(engine.connection.state & Endpoint.REMOTE_ACTIVE),
+            opened = engine.run_until(lambda engine=engine: bool(engine.connection.state & Endpoint.REMOTE_ACTIVE),
                                       max(0.5, min(3.0, deadline - time.monotonic())), handler)
             if opened:
                 principal = getattr(engine.sasl, "principal", None)
@@ -108,7 +109,7 @@ class _Handler:
         served.links[address] = link
         try:
             served.attach_properties[address] = dict(link.remote_properties or {})
-        except Exception:
+        except Exception:  # noqa: BLE001 - the node's properties may be anything proton fails to decode
             served.attach_properties[address] = {}
         self.peer.answer(link, served)
         if not link.state & Endpoint.LOCAL_ACTIVE and not link.state & Endpoint.LOCAL_CLOSED:

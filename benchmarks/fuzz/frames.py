@@ -29,7 +29,15 @@ from typing import Any
 
 from . import amqp, mutate
 from .amqp import Frame
-from .base import FUZZ_QUEUE, REPLY_QUEUE, CaseRecord, Kind, conditions, converse, sasl_login
+from .base import (
+    FUZZ_QUEUE,
+    REPLY_QUEUE,
+    CaseRecord,
+    Kind,
+    conditions,
+    converse,
+    sasl_login,
+)
 from .node import FuzzNode
 from .wire import Raw
 
@@ -73,7 +81,7 @@ class Frames(Kind):
     def _encode(self, rng: random.Random, parts: list[Any], record: CaseRecord) -> list[Any]:
         try:
             return mutate.serialise(parts)
-        except Exception as error:  # a mutated field proton cannot encode: break bytes instead
+        except Exception as error:  # noqa: BLE001 - a mutated field proton cannot encode: break bytes instead
             record.note(f"unencodable mutation ({type(error).__name__}); bytes mutated instead")
             valid = [p if not isinstance(p, Frame) else _safe_encode(p) for p in parts]
             segments = mutate.serialise(valid)
@@ -159,5 +167,5 @@ class Frames(Kind):
 def _safe_encode(frame: Frame) -> bytes:
     try:
         return frame.encode()
-    except Exception:
+    except Exception:  # noqa: BLE001 - a mutated field proton cannot encode (any of its errors)
         return Frame(frame.code if isinstance(frame.code, int) else None, [], frame.channel).encode()

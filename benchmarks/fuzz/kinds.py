@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .base import Kind
 from .backup import Backup
+from .base import Kind
 from .dr import DrSourceKind
 from .dr_replica import DrReplica
 from .frames import Frames

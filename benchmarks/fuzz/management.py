@@ -31,7 +31,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from proton import Delivery, Endpoint, Message, symbol
+from proton import Delivery, Endpoint, Message
+
+from hastandby.client import ManagementError
 
 from . import mutate, values
 from .base import REFERENCE_QUEUE, CaseRecord, Kind
@@ -183,7 +185,7 @@ class _Session:
             message.decode(data)
             props = message.properties or {}
             self.statuses.append(f"{props.get('statusCode')} {props.get('condition') or ''}".strip())
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - a reply that is not a message is noted, whatever fails
             self.statuses.append(f"undecodable reply: {error}")
         delivery.update(Delivery.ACCEPTED)
         delivery.settle()
@@ -257,7 +259,7 @@ class ManagementKind(Kind):
             message = Message(properties=properties, body=body, reply_to=reply_to, id=message_id,
                               correlation_id=values.value(rng) if rng.random() < 0.05 else None)
             data = bytes(message.encode())
-        except Exception as error:  # proton cannot encode it (e.g. a message-id of a type it refuses)
+        except Exception as error:  # noqa: BLE001 - proton cannot encode it (e.g. a message-id of a type it refuses)
             record.note(f"unencodable ({type(error).__name__}): sent a minimal request instead")
             data = bytes(Message(properties={"operation": "PING"}, body={}, reply_to=reply_to).encode())
         if rng.random() < 0.15:
@@ -276,19 +278,19 @@ class ManagementKind(Kind):
         for replica in (query.get("replication") or {}).get("replicas") or []:
             try:
                 admin_request(node, "REPLICATE-STOP", "queue", str(replica.get("queue")))
-            except Exception:
+            except ManagementError:
                 pass
         for queue in query.get("queues") or []:
             name = str(queue.get("name") if isinstance(queue, dict) else queue)
             if name not in (REFERENCE_QUEUE, "fz.q", "fz.reply") and not name.startswith("temp."):
                 try:
                     admin_request(node, "DELETE", "queue", name)
-                except Exception:
+                except ManagementError:
                     pass
         for exchange in query.get("exchanges") or []:
             name = str(exchange.get("name") if isinstance(exchange, dict) else exchange)
             if not name.startswith("amq.") and name:
                 try:
                     admin_request(node, "DELETE", "exchange", name)
-                except Exception:
+                except ManagementError:
                     pass

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import random
 import struct
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from proton import ulong
 

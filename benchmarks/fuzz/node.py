@@ -162,7 +162,7 @@ class FuzzNode:
         return [sys.executable, "-m", "hastandby", "serve", "--listen", self.address, "--log-format", "json",
                 *security, *self.extra]
 
-    def start(self, timeout: float = 20.0) -> "FuzzNode":
+    def start(self, timeout: float = 20.0) -> FuzzNode:
         self.directory.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.command(), cwd=REPO, stdin=subprocess.DEVNULL, stdout=log,

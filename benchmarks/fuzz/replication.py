@@ -32,7 +32,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from proton import Delivery, Endpoint, Message, Terminus, symbol, uint, ulong
+from proton import Delivery, Endpoint, Message, Terminus, ulong
 
 from hastandby.browser.idset import IdSet
 from hastandby.browser.protocol import (
@@ -162,7 +162,7 @@ def raw_frame(rng: random.Random, handles: int) -> tuple[bytes, str]:
         note = frame.name
     try:
         return frame.encode(), f"injected {note}"
-    except Exception:
+    except Exception:  # noqa: BLE001 - a mutated field proton cannot encode (any of its errors)
         return amqp.flow(handle, 1).encode(), "injected flow"
 
 
@@ -300,7 +300,7 @@ def _encodable(value: Any) -> bool:
         data = Data()
         data.put_object(value)
         data.encode()
-    except Exception:
+    except Exception:  # noqa: BLE001 - any encoding failure means: not encodable
         return False
     return True
 

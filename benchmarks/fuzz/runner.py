@@ -121,7 +121,7 @@ class Runner:
         reasons: list[str] = []
         try:
             record = kind.run_case(rng, index)
-        except Exception as error:  # our bug, or a node that answered in a way we did not expect
+        except Exception as error:  # noqa: BLE001 - our bug, or a node that answered in a way we did not expect
             tally.harness_errors += 1
             record = CaseRecord()
             record.note(f"harness error: {type(error).__name__}: {error}")

@@ -19,7 +19,8 @@ import os
 import select
 import socket
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from proton import Collector, Connection, Endpoint, Transport
 
@@ -50,7 +51,7 @@ class Raw:
         self.sock.settimeout(SEND_TIMEOUT)
         try:
             self.sock.sendall(data)
-        except socket.timeout:
+        except TimeoutError:
             self.send_failed = "timeout"
             return False
         except OSError as error:
@@ -106,7 +107,7 @@ class Engine:
 
     @classmethod
     def connect(cls, host: str, port: int, user: str, password: str, mechanism: str = "PLAIN",
-                properties: dict | None = None, container: str = "fuzz", timeout: float = 3.0) -> "Engine":
+                properties: dict | None = None, container: str = "fuzz", timeout: float = 3.0) -> Engine:
         """A client engine, connected, logged in (``mechanism`` PLAIN or SCRAM-SHA-256) and opened.
 
         Raises ``WireError`` if the node refuses the login or does not answer within ``timeout``.
@@ -252,7 +253,7 @@ class Engine:
                 if self.connection.state & Endpoint.LOCAL_ACTIVE:
                     self.connection.close()
                 self.run_until(lambda: bool(self.connection.state & Endpoint.REMOTE_CLOSED), linger)
-            except Exception:
+            except Exception:  # noqa: BLE001, S110 - closing anyway: the socket goes next
                 pass
         try:
             self.sock.close()

@@ -19,18 +19,25 @@ fixed (docs/fuzz.md lists them with what the node does today).
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-from proton import Endpoint, Message, symbol
+from proton import Endpoint, Message
 
 from benchmarks._auth import users
 from benchmarks.fuzz import amqp
 from benchmarks.fuzz.backup import Backup
-from benchmarks.fuzz.base import FUZZ_QUEUE, REFERENCE_QUEUE, REPLY_QUEUE, conditions, converse, sasl_login
+from benchmarks.fuzz.base import (
+    FUZZ_QUEUE,
+    REFERENCE_QUEUE,
+    REPLY_QUEUE,
+    conditions,
+    converse,
+    sasl_login,
+)
 from benchmarks.fuzz.checks import admin_request, reference
-from benchmarks.fuzz.dr import DrSourceKind
 from benchmarks.fuzz.dr_replica import DrReplica
 from benchmarks.fuzz.fake import send
 from benchmarks.fuzz.frames import Frames
@@ -50,8 +57,14 @@ from hastandby.browser.protocol import (
     WIRING_ADDRESS,
     encode_batch,
 )
-from hastandby.dr.protocol import ACK_ADDRESS, ACK_PROPERTY, EPOCH_PROPERTY, KEY_PROPERTY, MODE_PROPERTY, \
-    REPLICA_PROPERTY
+from hastandby.dr.protocol import (
+    ACK_ADDRESS,
+    ACK_PROPERTY,
+    EPOCH_PROPERTY,
+    KEY_PROPERTY,
+    MODE_PROPERTY,
+    REPLICA_PROPERTY,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -421,7 +434,7 @@ def _to_replica(replica: DrReplica, deliveries: list[tuple[bytes, bytes]], queue
         served = fake.accept()
         assert served is not None, "the replica did not connect"
         try:
-            fake.run(served, 3.0, lambda: any(q in served.links and served.links[q].credit > 0
+            fake.run(served, 3.0, lambda served=served: any(q in served.links and served.links[q].credit > 0
                                               for q in ("fz.dr.full", "fz.dr.enq")))
             name = next(q for q in ("fz.dr.full", "fz.dr.enq") if q in served.links)
             if queue and name != queue:
