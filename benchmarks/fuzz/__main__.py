@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the tallies to this file")
     parser.add_argument("--keep", action="store_true", help="keep the nodes' directory (logs) afterwards")
     parser.add_argument("--quiet", action="store_true", help="no line per failing case")
+    parser.add_argument("--progress", type=int, default=0, metavar="N", help="a line every N cases")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.kinds.split(",") if n.strip()]
     unknown = [n for n in names if n not in KINDS]
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {kind.summary}", flush=True)
             try:
                 kind.setup()
-                runner = Runner(kind, args.seed, verbose=not args.quiet)
+                runner = Runner(kind, args.seed, verbose=not args.quiet, progress=args.progress)
                 deadline = time.monotonic() + args.minutes * 60 if args.minutes else None
                 tallies.append(runner.run(args.cases, args.start, deadline))
             finally:

@@ -98,10 +98,11 @@ def _count(counter: collections.Counter, key: str) -> None:
 class Runner:
     """Runs one kind's cases, in order, and keeps its tally."""
 
-    def __init__(self, kind: Kind, seed: int, verbose: bool = False) -> None:
+    def __init__(self, kind: Kind, seed: int, verbose: bool = False, progress: int = 0) -> None:
         self.kind = kind
         self.seed = seed
         self.verbose = verbose
+        self.progress = progress  # print a line every this many cases (0: never)
         self.tally = Tally(kind.name, seed)
 
     def run(self, cases: int, start: int = 0, deadline: float | None = None) -> Tally:
@@ -111,6 +112,8 @@ class Runner:
             if deadline is not None and time.monotonic() > deadline:
                 break
             self.run_one(index)
+            if self.progress and tally.cases % self.progress == 0:
+                print(f"  {kind_progress(tally, time.monotonic() - started)}", flush=True)
         tally.seconds += time.monotonic() - started
         return tally
 
@@ -196,6 +199,11 @@ class Runner:
             tally.restarts += 1
             kind.recover()
         return reasons
+
+
+def kind_progress(tally: Tally, seconds: float) -> str:
+    return (f"{tally.kind}: {tally.cases} cases, {seconds:.0f} s: {tally.crashes} crashes, {tally.hangs} hangs, "
+            f"{tally.losses} losses, {tally._failing_count} failing")
 
 
 def _segments(record: CaseRecord) -> list[str] | None:
