@@ -10,7 +10,9 @@ Each case opens a socket to a node and writes one of:
   ``peer``, done properly by our SASL client): the AMQP header and one of
   the valid conversations of ``amqp.SCRIPTS`` (producer, consumer, browser,
   management request, dynamic receiver, two sessions, the anonymous relay,
-  a multi-frame and an aborted transfer), mutated: a field changed to a
+  a multi-frame and an aborted transfer; and what python-qpid-proton itself
+  sends for a producer and a consumer, recorded through a proxy at start,
+  ``capture.py``), mutated: a field changed to a
   neighbour or to any AMQP value, a frame's channel, performative code, type,
   data offset or size field broken, frames dropped, repeated up to 3000
   times, swapped, moved out of order, empty frames, payload bytes broken;
@@ -27,7 +29,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from . import amqp, mutate
+from . import amqp, capture, mutate
 from .amqp import Frame
 from .base import (
     FUZZ_QUEUE,
@@ -54,6 +56,11 @@ class Frames(Kind):
         for node in self.nodes.nodes:
             self.prepare(node)
         self.templates = amqp.scripts(FUZZ_QUEUE, REPLY_QUEUE)
+        # What python-qpid-proton itself sends, recorded through a proxy (capture.py).
+        assert self.node is not None
+        captured = capture.script(capture.record(self.node.host, self.node.port, "app", self.users.passwords["app"],
+                                                 FUZZ_QUEUE))
+        self.templates["captured"] = lambda: [amqp.copy_frame(f) for f in captured]
 
     def run_case(self, rng: random.Random, index: int) -> CaseRecord:
         record = CaseRecord()

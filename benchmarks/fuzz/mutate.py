@@ -17,7 +17,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from proton import ulong
+from proton import Described, ulong
 
 from . import amqp, values
 from .amqp import Frame
@@ -125,7 +125,7 @@ def mutate_field(rng: random.Random, frame: Frame) -> str:
 
 def mutate_nested(rng: random.Random, frame: Frame) -> str:
     """Change a field inside a described field (a source, target, outcome or error)."""
-    described = [i for i, f in enumerate(frame.fields) if hasattr(f, "descriptor") and isinstance(f.value, list)]
+    described = [i for i, f in enumerate(frame.fields) if isinstance(f, Described) and isinstance(f.value, list)]
     if not described:
         return mutate_field(rng, frame)
     index = rng.choice(described)
