@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -42,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true", help="no line per failing case")
     parser.add_argument("--progress", type=int, default=0, metavar="N", help="a line every N cases")
     args = parser.parse_args(argv)
+    # SIGTERM (and SIGINT, which a shell's background job ignores) end the run through the
+    # ``finally`` blocks below, so every node is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     names = [n.strip() for n in args.kinds.split(",") if n.strip()]
     unknown = [n for n in names if n not in KINDS]
     if unknown:
