@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                                     "seconds": round(time.time() - started, 1),
                                     "kinds": [t.as_dict() for t in tallies]}, indent=2, default=str))
         print(f"results: {path}")
-    failed = any(t.crashes or t.hangs or t.losses or t._failing_count for t in tallies)
+    failed = any(t.crashes or t.hangs or t.losses or t.failing_cases for t in tallies)
     return 1 if failed else 0
 
 

@@ -71,7 +71,7 @@ class Tally:
     conditions: collections.Counter = field(default_factory=collections.Counter)
     check_seconds: float = 0.0
 
-    _failing_count: int = 0  # every failing case (``failing`` keeps the first KEEP_FAILING)
+    failing_cases: int = 0  # every failing case (``failing`` keeps the first KEEP_FAILING)
 
     def as_dict(self) -> dict[str, Any]:
         def top(counter: collections.Counter) -> dict[str, int]:
@@ -81,7 +81,7 @@ class Tally:
             "kind": self.kind, "seed": self.seed, "cases": self.cases, "crashes": self.crashes, "hangs": self.hangs,
             "losses": self.losses, "lost_messages": self.lost_messages, "conjured": self.conjured,
             "verified": self.verified,
-            "failures": self.failures, "failing_cases": self._failing_count, "harness_errors": self.harness_errors,
+            "failures": self.failures, "failing_cases": self.failing_cases, "harness_errors": self.harness_errors,
             "restarts": self.restarts, "seconds": round(self.seconds, 1),
             "check_seconds_mean": round(self.check_seconds / self.cases, 4) if self.cases else None,
             "failure_signatures": top(self.failure_signatures), "contained_refusals": top(self.contained),
@@ -184,7 +184,7 @@ class Runner:
         if record.description and record.description[0].startswith("harness error"):
             reasons.append(record.description[0])
         if reasons:
-            tally._failing_count += 1
+            tally.failing_cases += 1
             if len(tally.failing) < KEEP_FAILING:
                 tally.failing.append(Failing(index, reasons, record.description, record.conditions,
                                              log_lines or [f"{n.name}: {n.tail(1500)}" for n in dead],
@@ -203,7 +203,7 @@ class Runner:
 
 def kind_progress(tally: Tally, seconds: float) -> str:
     return (f"{tally.kind}: {tally.cases} cases, {seconds:.0f} s: {tally.crashes} crashes, {tally.hangs} hangs, "
-            f"{tally.losses} losses, {tally._failing_count} failing")
+            f"{tally.losses} losses, {tally.failing_cases} failing")
 
 
 def _segments(record: CaseRecord) -> list[str] | None:
@@ -220,7 +220,7 @@ def table(tallies: list[Tally]) -> str:
     rows = [header]
     for t in tallies:
         rows.append([t.kind, str(t.cases), str(t.crashes), str(t.hangs), str(t.losses), str(t.failures),
-                     str(t._failing_count), str(t.harness_errors), str(t.verified), str(len(t.contained)), str(len(t.errors)),
+                     str(t.failing_cases), str(t.harness_errors), str(t.verified), str(len(t.contained)), str(len(t.errors)),
                      str(len(t.refusals)), str(len(t.conditions)), f"{t.seconds:.0f}"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row))

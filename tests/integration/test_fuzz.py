@@ -77,7 +77,7 @@ def test_fuzz_budget(kind: str, tmp_path: Path) -> None:
     tally = fuzz(kind, BUDGET[kind], SEED, tmp_path)
     assert tally.cases == BUDGET[kind]
     assert tally.harness_errors == 0, report(tally)
-    assert (tally.crashes, tally.hangs, tally.losses, tally._failing_count) == (0, 0, 0, 0), report(tally)
+    assert (tally.crashes, tally.hangs, tally.losses, tally.failing_cases) == (0, 0, 0, 0), report(tally)
 
 
 def test_frame_scripts_are_valid(standalone: FuzzNode) -> None:
