@@ -15,7 +15,8 @@ USER-PASSWD, USER-DEL, ACL-RELOAD), or one it does not, and is mutated:
 - the envelope: no reply-to, a reply-to that does not exist, odd
   message-ids and correlation-ids;
 - or the encoded request's bytes (bit flips, truncation, ...), sent as the
-  transfer's payload.
+  transfer's payload; now and then a request of 1.5 MB, over the node's
+  management request limit.
 
 Destructive requests never name what the checks rely on: the reference
 queue, and the ``admin``, ``app`` and ``peer`` users (a DELETE of the
@@ -100,7 +101,7 @@ def _protect(properties: dict[str, Any], body: Any) -> None:
         for key in ("queue", "exchange"):
             if body.get(key) == REFERENCE_QUEUE:
                 body[key] = "fz.m0"
-        if body.get("user") in PROTECTED_USERS:
+        if isinstance(body.get("user"), str) and body["user"] in PROTECTED_USERS:
             body["user"] = "fz-user0"
 
 
@@ -265,6 +266,10 @@ class ManagementKind(Kind):
         if rng.random() < 0.15:
             data, byte_notes = mutate.mutate_bytes(rng, data)
             record.note("request bytes: " + "; ".join(byte_notes))
+        elif rng.random() < 0.01:  # beyond the management_request limit (1 MiB): refused, not read
+            data = bytes(Message(properties=properties, body={"x": "x" * (3 * 1024 * 1024 // 2)},
+                                 reply_to=reply_to).encode())
+            record.note(f"a request of {len(data)} bytes")
         sender = session.sender
         sender.delivery(b"fz-%d" % number)
         sender.send(data)

@@ -69,7 +69,7 @@ from hastandby.dr.protocol import (
 pytestmark = pytest.mark.timeout(240)
 
 SEED = 13
-BUDGET = {"frames": 100, "management": 100, "replication": 40, "dr": 40, "backup": 15, "dr-replica": 15}
+BUDGET = {"frames": 80, "management": 80, "replication": 30, "dr": 30, "backup": 12, "dr-replica": 12}
 
 
 @pytest.mark.parametrize("kind", list(BUDGET))
