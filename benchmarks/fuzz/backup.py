@@ -18,6 +18,8 @@ such connection:
   bytes broken) and dequeue deliveries (``d`` tag: id sets empty, odd,
   overlapping, [1, 2**62], not lists), pre-settled or not, under tags
   that are not ``b`` or ``d`` too;
+- now and then the hello's term is older, newer, negative, past 2**63, or
+  not a number (a newer term the backup follows: the later hellos carry it);
 - then, if the browser on ``fz.b1`` is still attached, a valid batch of
   fresh ids: once the backup settles it accepted, its IDS (as admin) must
   list every one of those ids with the digest of the bytes sent, or the
@@ -27,7 +29,8 @@ The connection is held about a second (a backup reconnects at once after
 a connection that lasted that long, and backs off after shorter ones), then
 closed, gracefully or by dropping the socket.  The backup refuses clients,
 so the checks after each case run as ``admin`` with ``qpid.ha-admin`` (which
-a backup admits) on a local queue of level ``none``; the backup must also
+a backup admits) on a local queue of level ``none``, and ask for STATUS and
+QUERY (which show what the primary said: its term, members); the backup must also
 connect again for the next case within ``fake.ACCEPT_TIMEOUT`` (else a
 hang).
 """
@@ -52,7 +55,7 @@ from hastandby.browser.protocol import (
 
 from . import mutate, values
 from .base import CHECK_TIMEOUT, REFERENCE_MESSAGES, CaseRecord, Kind
-from .checks import CheckResult, admin_request, reference
+from .checks import CheckResult, admin_request, operations_answered, reference
 from .fake import ACCEPT_TIMEOUT, FakePeer, Served, digest, send
 from .node import FuzzNode
 
@@ -187,8 +190,10 @@ class Backup(Kind):
         self.term = 1
 
     def check(self, record: CaseRecord) -> CheckResult:
+        """The reference producer and consumer (as admin, on the local queue), and STATUS and QUERY answered."""
         assert self.node is not None
-        return reference(self.node, LOCAL_QUEUE, REFERENCE_MESSAGES, CHECK_TIMEOUT, user="admin", admin_link=True)
+        result = reference(self.node, LOCAL_QUEUE, REFERENCE_MESSAGES, CHECK_TIMEOUT, user="admin", admin_link=True)
+        return operations_answered(self.node, result, ("STATUS", "QUERY"))
 
     # -- our side of the backup's attaches --------------------------------------------------
 
@@ -240,9 +245,10 @@ class Backup(Kind):
         wiring = served.links[WIRING_ADDRESS]
         generation = rng.choice([0, 0, 0, 1])  # now and then the primary's objects are new incarnations
         me = {"node_id": "fz-primary", "url": fake.address}
-        term = self.term
+        term: Any = self.term if self.term < 2**63 else ulong(self.term)
         if rng.random() < 0.15:
-            term = rng.choice([self.term + 1, self.term - 1, 0, -1, 2**63 - 1, values.integer(rng), values.value(rng)])
+            term = rng.choice([values.encodable(self.term + 1), values.encodable(self.term - 1), 0, -1, 2**63 - 1,
+                               values.integer(rng), values.value(rng)])
             record.note(f"hello term {_short(term)}")
         members = [dict(me, state="primary"), {"node_id": backup_id, "url": "", "state": "catchup",
                                                "connected": True, "expected": False}]
@@ -265,7 +271,7 @@ class Backup(Kind):
                 break
             send(wiring, b"w%d" % number, encoded(rng, body, record, "wiring"), settled=True)
         said = hello.get("term") if isinstance(hello, dict) else None
-        if isinstance(said, int) and not isinstance(said, bool) and self.term < said < 2**63:
+        if isinstance(said, int) and not isinstance(said, bool) and self.term < said < 2**64:
             self.term = said  # the backup follows that term from now on: later hellos must not be older
         fake.run(served, 0.3, lambda: all(name in served.links for name, level in QUEUES.items() if level == "all"))
         sent_ids: list[int] = []
@@ -307,7 +313,7 @@ class Backup(Kind):
         if roll < 0.75:
             return {"type": rng.choice(["bound", "unbound"]), **binding_spec("fz.bx", rng.choice(["fz.b1", name]))}
         state = rng.choice(["catchup", "ready", "ready", "primary", "gone"])
-        return {"type": "members", "term": self.term,
+        return {"type": "members", "term": values.encodable(self.term),
                 "members": [dict(me, state="primary"), {"node_id": backup_id, "url": "", "state": state,
                                                         "connected": True, "expected": rng.random() < 0.5}]}
 

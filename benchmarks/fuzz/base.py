@@ -21,7 +21,7 @@ from typing import Any
 from benchmarks._auth import Users
 
 from . import amqp
-from .checks import CheckResult, admin_request, reference
+from .checks import CheckResult, admin_request, operations_answered, reference
 from .node import FuzzNode, NodeSet
 from .wire import Raw
 
@@ -86,9 +86,11 @@ class Kind:
         raise NotImplementedError
 
     def check(self, record: CaseRecord) -> CheckResult:
+        """The reference producer and consumer with a PING, then STATUS and QUERY answered (as admin)."""
         node = record.target or self.node
         assert node is not None
-        return reference(node, REFERENCE_QUEUE, REFERENCE_MESSAGES, CHECK_TIMEOUT)
+        result = reference(node, REFERENCE_QUEUE, REFERENCE_MESSAGES, CHECK_TIMEOUT)
+        return operations_answered(node, result, ("STATUS", "QUERY"))
 
     def start_node(self, name: str, *extra: str, anonymous: bool = False) -> FuzzNode:
         node = self.nodes.add(FuzzNode(self.directory, self.users, name, *extra, anonymous=anonymous))

@@ -202,23 +202,31 @@ def reference(node: Any, queue: str, count: int = 10, timeout: float = 5.0, user
 
 def ping(node: Any, user: str = ADMIN, timeout: float = 3.0, admin_link: bool = True) -> tuple[bool, str]:
     """A management PING as ``user``: (answered 200 within ``timeout``, why not)."""
+    status, description = request(node, "PING", user, timeout, admin_link)
+    return status == 200, description
+
+
+def request(node: Any, operation: str, user: str = ADMIN, timeout: float = 3.0,
+            admin_link: bool = True) -> tuple[int | None, str]:
+    """One management request on a fresh connection: (its statusCode, or None without an answer; words)."""
     properties = {ADMIN_PROPERTY: True} if admin_link else None
     try:
         engine = Engine.connect(node.host, node.port, user, node.users.passwords[user], properties=properties,
-                                container=f"fuzz-ping-{next(_serial)}", timeout=timeout)
+                                container=f"fuzz-request-{next(_serial)}", timeout=timeout)
     except (WireError, OSError) as error:
-        return False, str(error)
+        return None, str(error)
     try:
         session = engine.connection.session()
         session.open()
-        sender = session.sender("ping")
+        sender = session.sender("request")
         sender.target.address = "$management"
         sender.open()
-        replies = session.receiver("ping-replies")
+        replies = session.receiver("request-replies")
         replies.source.dynamic = True
         replies.open()
         replies.flow(1)
         answer: dict[str, Any] = {}
+        closed: list[str] = []
 
         class Handler:
             def on_delivery(self, event: Any) -> None:
@@ -228,29 +236,49 @@ def ping(node: Any, user: str = ADMIN, timeout: float = 3.0, admin_link: bool = 
                     message.decode(replies.recv(delivery.pending))
                     replies.advance()
                     answer.update(message.properties or {})
+                    answer.setdefault("statusCode", 0)
                     delivery.update(Delivery.ACCEPTED)
                     delivery.settle()
                 elif delivery.link == sender and delivery.remote_state:
                     delivery.settle()
 
+            def on_link_remote_close(self, event: Any) -> None:
+                condition = event.link.remote_condition
+                closed.append(f"{event.link.name} closed by the node: {condition.name if condition else None}: "
+                              f"{condition.description if condition else ''}")
+
         sent = [False]
 
         def done() -> bool:
             if not sent[0] and sender.credit > 0 and replies.state & Endpoint.REMOTE_ACTIVE:
-                request = Message(properties={"operation": "PING", "type": "", "name": ""}, body={},
-                                  reply_to=replies.remote_source.address, id="ping")
-                sender.delivery(b"ping")
-                sender.send(request.encode())
+                message = Message(properties={"operation": operation, "type": "", "name": ""}, body={},
+                                  reply_to=replies.remote_source.address, id=operation.lower())
+                sender.delivery(b"request")
+                sender.send(message.encode())
                 sender.advance()
                 sent[0] = True
-            return bool(answer)
+            return bool(answer) or bool(closed)
 
         if not engine.run_until(done, timeout, Handler()):
-            return False, "no PING reply within the bound"
+            return None, f"no {operation} reply within {timeout:g} s"
+        if closed and not answer:
+            return 0, closed[0]
         status = int(answer.get("statusCode", 0) or 0)
-        return status == 200, f"PING answered {status}: {answer.get('statusDescription')}"
+        return status, f"{operation} answered {status}: {answer.get('statusDescription')}"
     finally:
         engine.close(linger=0.1)
+
+
+def operations_answered(node: Any, result: CheckResult, operations: tuple[str, ...],
+                        timeout: float = 5.0) -> CheckResult:
+    """``result``, failed unless each management operation is answered 200 (as admin) within ``timeout``."""
+    for operation in operations:
+        if not result.ok:
+            break
+        status, description = request(node, operation, timeout=timeout)
+        if status != 200:
+            result.ok, result.error, result.hang = False, description, status is None
+    return result
 
 
 def admin_request(node: Any, operation: str, type: str = "", name: str = "", body: dict | None = None,

@@ -233,7 +233,22 @@ class FuzzNode:
         return [line.decode(errors="replace") for line in lines]
 
     def findings(self) -> list[LogFinding]:
-        return [f for f in (classify(line) for line in self.new_lines()) if f is not None]
+        """What the lines written since the last call say; a run of non-JSON lines (a traceback) is one."""
+        found: list[LogFinding] = []
+        block: list[str] = []
+        for line in [*self.new_lines(), ""]:
+            if line.strip() and not line.lstrip().startswith("{"):
+                block.append(line)
+                continue
+            if block:
+                text = "\n".join(block)
+                last = next((b for b in reversed(block) if b.strip()), "")
+                found.append(LogFinding("failure", f"non-JSON output: {_variable_free(last.strip())}", text))
+                block = []
+            finding = classify(line)
+            if finding is not None:
+                found.append(finding)
+        return found
 
     def tail(self, size: int = 3000) -> str:
         try:

@@ -13,7 +13,9 @@ replayed).  After every case:
 - the nodes' logs must hold no failure (``node.classify``).
 
 A case with any of these is a *failing case*; its description, the node's
-answer and the log records are kept (the first ``KEEP_FAILING`` of each kind).
+answer and the log records are kept (the first ``KEEP_FAILING`` of each kind,
+and every crash, hang and loss up to ``KEEP_SERIOUS``, which are also
+printed as they happen).
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ from typing import Any
 from .base import CaseRecord, Kind, segments_hex
 from .node import LogFinding
 
-KEEP_FAILING = 20
+KEEP_FAILING = 20  # failing cases kept in the tally (for the report), and beyond them
+KEEP_SERIOUS = 200  # crashes, hangs and losses
 DISTINCT_LIMIT = 200
+EXIT_GRACE = 2.0  # seconds a node whose checks failed may take to exit (then it is a crash, not a hang)
 
 
 @dataclass
@@ -90,6 +94,12 @@ class Tally:
         }
 
 
+def _wait_for_exit(nodes: list[Any], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and all(node.alive() for node in nodes):
+        time.sleep(0.05)
+
+
 def _count(counter: collections.Counter, key: str) -> None:
     if key in counter or len(counter) < DISTINCT_LIMIT * 5:
         counter[key] += 1
@@ -137,6 +147,8 @@ class Runner:
         dead = [node for node in kind.nodes.nodes if not node.alive()]
         if not dead:
             check = kind.check(record)
+            if record.hang or not check.ok:  # a node that is going down may still be exiting: give it a moment
+                _wait_for_exit(kind.nodes.nodes, EXIT_GRACE)
             dead = [node for node in kind.nodes.nodes if not node.alive()]
         tally.check_seconds += time.monotonic() - checked
         findings: list[tuple[str, LogFinding]] = []
@@ -185,11 +197,12 @@ class Runner:
             reasons.append(record.description[0])
         if reasons:
             tally.failing_cases += 1
-            if len(tally.failing) < KEEP_FAILING:
+            serious = any(r.startswith(("crash", "hang", "loss")) for r in reasons)
+            if len(tally.failing) < KEEP_FAILING or (serious and len(tally.failing) < KEEP_SERIOUS):
                 tally.failing.append(Failing(index, reasons, record.description, record.conditions,
                                              log_lines or [f"{n.name}: {n.tail(1500)}" for n in dead],
                                              _segments(record)))
-            if self.verbose:
+            if self.verbose or serious:
                 print(f"  {kind.name} case {index}: {'; '.join(reasons)}", flush=True)
                 for line in record.description[:8]:
                     print(f"      {line}", flush=True)

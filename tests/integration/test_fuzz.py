@@ -19,6 +19,7 @@ fixed (docs/fuzz.md lists them with what the node does today).
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from benchmarks.fuzz.base import (
     converse,
     sasl_login,
 )
-from benchmarks.fuzz.checks import admin_request, reference
+from benchmarks.fuzz.checks import operations_answered, reference
 from benchmarks.fuzz.dr_replica import DrReplica
 from benchmarks.fuzz.fake import send
 from benchmarks.fuzz.frames import Frames
@@ -261,6 +262,22 @@ def test_members_entry_that_is_not_a_map(backup: Backup) -> None:
     _assert_clean(backup.node)
 
 
+def test_hello_primary_that_is_not_a_map(backup: Backup) -> None:
+    """A NODE CRASH.  A hello whose ``primary`` is the number 5: browser/backup.py keeps it
+    (``self.primary = body.get("primary") or {}``); when that connection closes, ``lost()`` calls
+    ``(self.primary or {}).get("url")``: AttributeError in an outgoing connection's handler, which the
+    driver's safety net (driver.py ``_dispatch`` -> ``_contain``) should contain.  But ``_contain`` calls
+    ``log.exception(..., event=event.type.method, ...)``, and structlog's ``exception(event, ...)`` takes
+    the message as ``event``: TypeError ('got multiple values for argument event') escapes the loop and
+    the process exits with status 1.  Any exception in an outgoing connection's handler does the same."""
+    try:
+        _to_backup(backup, [{"type": "hello", "primary": 5, "term": backup.term, "replicate_default": "all",
+                             "members": []}])
+        _assert_clean(backup.node)
+    finally:
+        backup.recover()  # a fresh node for the tests that follow
+
+
 def test_dequeue_that_is_not_a_list(backup: Backup) -> None:
     """A dequeue delivery (tag ``d``) on a replicating browser whose body is the number 7: today
     TypeError ('int' object is not iterable) in browser/protocol.py:decode_dequeues."""
@@ -277,10 +294,22 @@ def test_batch_with_an_id_beyond_64_bit_signed(backup: Backup) -> None:
     try:
         _to_backup(backup, [_hello(backup), _snapshot()], browser_deliveries=[
             (b"b1", encode_batch([2**64 - 1], [bytes(Message(body="fz").encode())]))])
-        admin_request(backup.node, "QUERY", timeout=5.0)
-        _assert_clean(backup.node)
+        _assert_clean(backup.node)  # its QUERY fails
     finally:
         backup.recover()  # a fresh node for the tests that follow
+
+
+def test_source_attach_properties_with_a_binary_key(replica: DrReplica) -> None:
+    """A NODE CRASH.  A DR source answers the replica's attach with link properties ``{b"k": 1}``
+    (a binary key, legal AMQP): reading ``remote_properties`` in dr/replica.py ``on_link_remote_open``
+    raises ValueError inside proton ('cannot hash writable memoryview object'), and the driver's safety
+    net itself fails (``_contain``: TypeError, see test_hello_primary_that_is_not_a_map): the replica
+    node exits with status 1."""
+    try:
+        _to_replica(replica, [], answer={b"k": 1})
+        _assert_clean(replica.node)
+    finally:
+        replica.recover()  # a fresh node for the tests that follow
 
 
 def test_empty_batch_to_a_dr_replica(replica: DrReplica) -> None:
@@ -297,8 +326,7 @@ def test_enqueue_replica_batch_with_a_huge_id(replica: DrReplica) -> None:
     try:
         _to_replica(replica, [(b"b1", encode_batch([2**64 - 1], [bytes(Message(body="fz").encode())]))],
                     queue="fz.dr.enq")
-        admin_request(replica.node, "QUERY", timeout=5.0)
-        _assert_clean(replica.node)
+        _assert_clean(replica.node)  # its QUERY fails
     finally:
         replica.recover()  # a fresh node for the tests that follow
 
@@ -360,13 +388,19 @@ def _fresh_logs(request: pytest.FixtureRequest) -> None:
 # -- helpers ------------------------------------------------------------------------------------------
 
 
-def _assert_clean(node: Any) -> None:
-    """What every fuzz case asserts: alive, answering, nothing lost, no unhandled error in the log."""
-    kind_node = node
-    check = reference(kind_node, REFERENCE_QUEUE if kind_node.name != "backup" else "fuzz.ref.local", 10, 5.0,
-                      user="admin" if kind_node.name == "backup" else "app", admin_link=kind_node.name == "backup")
-    failures = [f for f in kind_node.findings() if f.verdict == "failure"]
-    assert kind_node.alive(), kind_node.tail()
+def _assert_clean(node: FuzzNode) -> None:
+    """What every fuzz case asserts: alive, answering (PING, STATUS, QUERY), nothing lost, no unhandled
+    error in the log."""
+    backup = node.name == "backup"
+    check = reference(node, "fuzz.ref.local" if backup else REFERENCE_QUEUE, 10, 5.0,
+                      user="admin" if backup else "app", admin_link=backup)
+    check = operations_answered(node, check, ("STATUS", "QUERY"))
+    if not check.ok:  # a node going down may still be exiting
+        deadline = time.monotonic() + 2.0
+        while node.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    failures = [f for f in node.findings() if f.verdict == "failure"]
+    assert node.alive(), f"the node exited with {node.returncode()}:\n{node.tail(2500)}"
     assert check.ok, check.error
     assert not failures, "unhandled errors logged:\n" + "\n".join(f.excerpt(3000) for f in failures)
 
@@ -425,10 +459,12 @@ def _to_backup(backup: Backup, wiring: list[Any], browser_deliveries: list[tuple
         served.engine.close(linger=0.1)
 
 
-def _to_replica(replica: DrReplica, deliveries: list[tuple[bytes, bytes]], queue: str = "") -> None:
-    """Serve the replica's connections (for ``queue``, or either) with a new epoch, then ``deliveries``."""
+def _to_replica(replica: DrReplica, deliveries: list[tuple[bytes, bytes]], queue: str = "",
+                answer: dict[Any, Any] | None = None) -> None:
+    """Serve the replica's connections (for ``queue``, or either): our attach reply (``answer``, or a new
+    epoch), then ``deliveries``."""
     fake = replica.fake
-    fake.answer = lambda link, served: setattr(link, "properties", {
+    fake.answer = lambda link, served: setattr(link, "properties", answer or {
         EPOCH_PROPERTY: f"fz-epoch-{random.getrandbits(32)}", LINEAGE_PROPERTY: []}) if link.is_sender else None
     for _ in range(3):
         served = fake.accept()
