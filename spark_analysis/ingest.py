@@ -7,6 +7,9 @@ split.  Traces are one small file per round, so each is read whole
 against the explicit schema of :func:`trace_schema.spark_schema` (never
 inferred); a line that is not a JSON object of that schema, or lacks a field
 its event requires, is kept aside with the reason instead of being dropped.
+The nemesis's fields (:func:`trace_schema.nemesis_spark_schema`) are parsed
+only on the few lines of the events that carry them, so that many classic
+rounds do not pay for them.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from pyspark.sql.types import StringType, StructField, StructType
 from spark_analysis import trace_schema as ts
 
 CORRUPT = "_corrupt_record"
+NEMESIS_CORRUPT = "_corrupt_nemesis_record"
+NEMESIS_FIELDS = "_nemesis"
 REASON = "reason"
 FILE = "file"
 LINE = "line"
@@ -93,21 +98,32 @@ def read_lines(spark: SparkSession, paths: Sequence[str]) -> Lines:
         F.regexp_replace("_metadata.file_path", "^file:(//)?", "").alias(FILE),
         F.posexplode(F.split("value", "\r?\n")).alias("pos", "text"),
     ).where(F.trim("text") != "")
-    schema = StructType(ts.spark_schema().fields + [StructField(CORRUPT, StringType())])
+    options = {"mode": "PERMISSIVE", "allowNonNumericNumbers": "false"}
+    schema = StructType(ts.spark_schema(with_nemesis=False).fields
+                        + [StructField(CORRUPT, StringType())])
+    nemesis_fields = ts.nemesis_spark_schema().fieldNames()
+    nemesis_schema = StructType(ts.nemesis_spark_schema().fields
+                                + [StructField(NEMESIS_CORRUPT, StringType())])
     parsed = numbered.select(
         FILE,
         (F.col("pos") + 1).alias(LINE),
         "text",
-        F.from_json(
-            "text",
-            schema,
-            {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT,
-             "allowNonNumericNumbers": "false"},
-        ).alias("j"),
+        F.from_json("text", schema, {**options, "columnNameOfCorruptRecord": CORRUPT}).alias("j"),
     ).select(FILE, LINE, "text", "j.*")
+    parsed = parsed.select("*", F.when(
+        F.col(ts.EVENT).isin(*ts.NEMESIS_FIELD_EVENTS),
+        F.from_json("text", nemesis_schema,
+                    {**options, "columnNameOfCorruptRecord": NEMESIS_CORRUPT}),
+    ).alias("x")).select("*", *[F.col(f"x.{name}").alias(name)
+                                for name in nemesis_fields + [NEMESIS_CORRUPT]]).drop("x")
     reason = _malformation()
+    core = [c for c in parsed.columns
+            if c not in ("text", CORRUPT, NEMESIS_CORRUPT, *nemesis_fields)]
+    # The nemesis's fields are cached as one struct, null on other lines: cheap to keep.
     checked = parsed.select(
-        *[c for c in parsed.columns if c not in ("text", CORRUPT)],
+        *core,
+        F.when(F.col(ts.EVENT).isin(*ts.NEMESIS_FIELD_EVENTS),
+               F.struct(*nemesis_fields)).alias(NEMESIS_FIELDS),
         reason.alias(REASON),
         F.when(reason.isNotNull(), F.substring("text", 1, TEXT_SHOWN)).alias("text"),
     ).persist()
@@ -116,7 +132,8 @@ def read_lines(spark: SparkSession, paths: Sequence[str]) -> Lines:
     if not counts:
         checked.unpersist()
         raise NoTracesError(f"no lines in *{ts.TRACE_SUFFIX} files at {', '.join(paths)}")
-    events = checked.where(F.col(REASON).isNull()).drop("text", REASON)
+    events = checked.where(F.col(REASON).isNull()).select(
+        *core, *[F.col(f"{NEMESIS_FIELDS}.{name}").alias(name) for name in nemesis_fields])
     malformed = checked.where(F.col(REASON).isNotNull()).select(FILE, LINE, REASON, "text")
     return Lines(events, malformed, counts.get(False, 0), checked)
 
@@ -131,7 +148,8 @@ def _malformation() -> Column:
             (event == name) & (missing != ""), F.concat(F.lit(f"{name} lacks "), missing)
         ).otherwise(missing_by_event)
     return (
-        F.when(F.col(CORRUPT).isNotNull(), F.lit("not a JSON object of the trace schema"))
+        F.when(F.col(CORRUPT).isNotNull() | F.col(NEMESIS_CORRUPT).isNotNull(),
+               F.lit("not a JSON object of the trace schema"))
         .when(~F.rtrim("text").endswith("}"), F.lit("text after the JSON object"))
         .when(F.col(ts.ROUND).isNull(), F.lit("missing round"))
         .when(F.col(ts.T).isNull(), F.lit("missing t"))

@@ -9,8 +9,9 @@ ms is that integer / 1000.
 
 A round is *rejected* (kept out of every figure, reported with file and
 line) when it cannot be interpreted or trusted: no or several
-``round_start``, ``fault_injected`` or ``tally`` events, its lines spread
-over several files, or a malformed line in its file.  A round that never
+``round_start``, ``fault_injected`` or ``tally`` events, several ``checker``
+events (or none in a nemesis round), its lines spread over several files,
+or a malformed line in its file.  A round that never
 recovered is *not* rejected: its missing milestones are nulls and it counts
 as unrecovered.
 """
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from spark_analysis import nemesis as nm
 from spark_analysis import phases as ph
 from spark_analysis import trace_schema as ts
 from spark_analysis.ingest import FILE, LINE, REASON
@@ -36,6 +38,9 @@ FAULT_OFFSET_US = "fault_offset_us"
 BUCKET = "k"
 ACKED = "c"
 
+START_EXTRA = (ts.RUN, ts.SCHEDULE, ts.SEED, ts.SCHEDULE_FAULTS)
+"""``round_start`` fields kept besides the configuration (the nemesis's table shows them)."""
+
 SUMMARY_COLUMNS = (
     (ts.ROUND, FILE) + ph.CONFIG_COLUMNS + (ts.PRIMARY, NEW_PRIMARY)
     + ph.DURATION_COLUMNS + (STEADY, DIP_MIN) + ts.TALLY_FIELDS + (RECOVERED,)
@@ -46,14 +51,19 @@ SUMMARY_COLUMNS = (
 class RoundTables:
     """``summary``: one row per accepted round, columns ``SUMMARY_COLUMNS``.
 
-    ``rejected``: ``file``, ``line`` (the round's first line), ``round``, ``reason``.
+    ``rejected``: ``file``, ``line`` (the round's first line), ``round``, ``reason``
+    and ``fault`` (its ``round_start``'s, if it has exactly one).
     ``timing``: ``round``, ``fault_bucket``, ``fault_offset_us``, ``k_lo``,
     ``k_hi`` for every accepted round, input to :func:`bucket_series`.
+    ``nemesis``: one row per accepted nemesis round, columns ``nemesis.NEMESIS_COLUMNS``.
+    ``nemesis_ops``: every op of those rounds (``nemesis.ops_table``).
     """
 
     summary: DataFrame
     rejected: DataFrame
     timing: DataFrame
+    nemesis: DataFrame
+    nemesis_ops: DataFrame
 
 
 def micros_between(earlier: Column, later: Column) -> Column:
@@ -78,7 +88,7 @@ def summarize_rounds(events: DataFrame, malformed: DataFrame) -> RoundTables:
         F.max(FILE).alias("last_file"),
         F.count(_of(ts.ROUND_START, F.lit(1))).alias("n_start"),
         F.min(_of(ts.ROUND_START, F.struct(
-            t.alias("t"), *[F.col(c) for c in ph.CONFIG_COLUMNS + (ts.PRIMARY,)]
+            t.alias("t"), *[F.col(c) for c in ph.CONFIG_COLUMNS + (ts.PRIMARY,) + START_EXTRA]
         ))).alias("start"),
         F.count(_of(ts.FAULT_INJECTED, F.lit(1))).alias("n_fault"),
         F.min(_of(ts.FAULT_INJECTED, t)).alias("t_fault"),
@@ -100,6 +110,7 @@ def summarize_rounds(events: DataFrame, malformed: DataFrame) -> RoundTables:
         count_problem("n_start", ts.ROUND_START),
         count_problem("n_fault", ts.FAULT_INJECTED),
         count_problem("n_tally", ts.TALLY),
+        *nm.rejection_reasons(),
         F.when(F.col("first.file") != F.col("last_file"), F.lit("round spread over several files")),
         F.when(F.col("bad_lines") > 0,
                F.concat(F.col("bad_lines").cast("string"), F.lit(" malformed lines in its file"))),
@@ -109,12 +120,14 @@ def summarize_rounds(events: DataFrame, malformed: DataFrame) -> RoundTables:
     )
     # Materialised once: the summary, the rejected rounds and the bucket grid all read it.
     checked = (
-        per_round.join(bad_lines, F.col("first.file") == F.col("bad_file"), "left")
+        nm.join_per_round(per_round, nm.per_round(events))
+        .join(bad_lines, F.col("first.file") == F.col("bad_file"), "left")
         .withColumn(REASON, reason)
         .localCheckpoint()
     )
     rejected = checked.where(F.col(REASON) != "").select(
-        F.col("first.file").alias(FILE), F.col("first.line").alias(LINE), ts.ROUND, REASON
+        F.col("first.file").alias(FILE), F.col("first.line").alias(LINE), ts.ROUND, REASON,
+        F.when(F.col("n_start") == 1, F.col(f"start.{ts.FAULT}")).alias(ts.FAULT),
     )
 
     t_fault = F.col("t_fault")
@@ -126,7 +139,8 @@ def summarize_rounds(events: DataFrame, malformed: DataFrame) -> RoundTables:
         for p in ph.PHASES
     ]
     fault_offset = micros_between(F.col("start.t"), t_fault)
-    accepted = checked.where(F.col(REASON) == "").select(
+    accepted_rounds = checked.where(F.col(REASON) == "")
+    accepted = accepted_rounds.select(
         ts.ROUND,
         F.col("first.file").alias(FILE),
         *[F.col(f"start.{c}").alias(c) for c in ph.CONFIG_COLUMNS + (ts.PRIMARY,)],
@@ -147,7 +161,8 @@ def summarize_rounds(events: DataFrame, malformed: DataFrame) -> RoundTables:
         STEADY,
         DIP_MIN,
     ).select(*SUMMARY_COLUMNS)
-    return RoundTables(summary, rejected, timing)
+    return RoundTables(summary, rejected, timing, nm.rounds_table(accepted_rounds),
+                       nm.ops_table(accepted_rounds))
 
 
 def _back_to_steady() -> Column:
