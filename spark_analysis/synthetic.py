@@ -27,12 +27,25 @@ The shape of a synthetic round (times from ``round_start``):
   after the first accepted send;
 * the producer stops 0.5 s before ``round_end``; ``tally`` comes last but one.
 
-Run as ``python -m spark_analysis.synthetic --rounds N --out DIR``.
+A *nemesis* round (:func:`make_nemesis_round`, fault ``nemesis``) has the
+same shape and timing, plus what the nemesis writes
+(``docs/failover-traces.md``, "Nemesis traces"): the schedule in
+``round_start``, a :class:`NemesisScript` of ops from the fault on (150 ms
+apart: the first fault, its undo, a second fault that may be refused or
+skipped, its undo, a check, ``elect_each`` and its promotion), a
+``replica_check`` per check plus a final one, a ``node_state`` line (an
+event the analysis ignores) and a ``checker`` line just before ``tally``,
+whose verdict is chosen: ``ok``, ``INVALID`` (messages lost, maybe
+unexpected), ``MISMATCH`` (a check found different replicas) or
+``NO VERDICT`` (not drained, an op failed).
+
+Run as ``python -m spark_analysis.synthetic --rounds N --out DIR [--nemesis M]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 from collections.abc import Iterable, Sequence
@@ -61,8 +74,8 @@ class RoundConfig:
     load_msg_s: int
 
     def __post_init__(self) -> None:
-        if self.fault not in ts.FAULTS:
-            raise ValueError(f"fault must be one of {ts.FAULTS}, not {self.fault!r}")
+        if self.fault not in ts.ROUND_FAULTS:
+            raise ValueError(f"fault must be one of {ts.ROUND_FAULTS}, not {self.fault!r}")
         if self.nodes < 2:
             raise ValueError("a failover needs at least 2 nodes")
         if self.load_msg_s <= 0 or (self.load_msg_s * ts.ACK_BUCKET_MS) % 1000:
@@ -76,6 +89,80 @@ DEFAULT_CONFIGS = tuple(
     for nodes in (2, 3)
     for load in (200, 1000)
 )
+
+
+NEMESIS_CONFIG = RoundConfig(ts.FAULT_NEMESIS, 2.0, 3, 80)
+"""What the nemesis runs: lease TTL 2 s, three nodes (the load is a whole count per bucket)."""
+NEMESIS_OP_GAP_US = 150_000
+"""Time between two ops of a synthetic nemesis round, from its first fault on."""
+NEMESIS_VERDICT_CYCLE = (
+    ts.VERDICT_OK, ts.VERDICT_OK, ts.VERDICT_INVALID, ts.VERDICT_OK, ts.VERDICT_OK,
+    ts.VERDICT_MISMATCH, ts.VERDICT_OK, ts.VERDICT_OK, ts.VERDICT_NO_VERDICT,
+)
+"""Verdicts of :func:`generate_nemesis_rounds` in turn: one round in three fails."""
+UNDO = {ts.FAULT_KILL9: "restart", ts.FAULT_SIGTERM: "restart", ts.FAULT_SIGSTOP: "sigcont",
+        ts.OP_PARTITION: "heal"}
+PARTITION_KINDS = ("primary-etcd", "primary-backups", "clients-primary")
+
+
+@dataclass(frozen=True)
+class NemesisOp:
+    """One ``nemesis`` line: ``offset_us`` after the round's fault."""
+
+    offset_us: int
+    op: str
+    node: str | None
+    result: str
+    arg: str | None = None
+
+    @property
+    def fault_type(self) -> str:
+        return ts.fault_type(self.op, self.arg)
+
+
+@dataclass(frozen=True)
+class NemesisScript:
+    """What a synthetic nemesis round does and what its checker finds."""
+
+    schedule: str
+    seed: int | None
+    ops: tuple[NemesisOp, ...]
+    check_mismatches: tuple[int, ...]
+    """Mismatches of each replica check, in order; the last one is the final check."""
+    lost: int
+    unexpected: int
+    duplicated: int
+    """Ids received more than once."""
+    duplicates: int
+    """Extra copies received (the tally's ``duplicated``)."""
+    recovered: int
+    drain_complete: bool
+
+    @property
+    def faults(self) -> list[str]:
+        """The schedule's fault kinds, as ``round_start`` lists them."""
+        return list(dict.fromkeys(o.fault_type for o in self.ops
+                                  if ts.op_role(o.op) == ts.ROLE_FAULT))
+
+    @property
+    def valid(self) -> bool:
+        return not self.lost and not self.unexpected
+
+    @property
+    def replica_mismatches(self) -> int:
+        return sum(self.check_mismatches)
+
+    @property
+    def verdict(self) -> str:
+        return ts.verdict(self.valid, self.drain_complete, self.replica_mismatches)
+
+    @property
+    def lost_ids(self) -> list[str]:
+        return [f"p1-{100 + i:06d}" for i in range(min(self.lost, 20))]
+
+    @property
+    def unexpected_ids(self) -> list[str]:
+        return [f"p9-{i:06d}" for i in range(min(self.unexpected, 20))]
 
 
 @dataclass(frozen=True)
@@ -97,6 +184,8 @@ class SyntheticRound:
     new_primary: str
     lost_acknowledged: int
     duplicated: int
+    nemesis: NemesisScript | None = None
+    """Set for a nemesis round (``config.fault`` is ``nemesis``)."""
 
     @property
     def node_ids(self) -> list[str]:
@@ -173,10 +262,84 @@ class SyntheticRound:
             "dip_min_acks_per_100ms": 0,
             ts.SENT: acknowledged + 3,  # 3 sends in flight at the fault, never acknowledged
             ts.ACKNOWLEDGED: acknowledged,
-            ts.RECEIVED: acknowledged - self.lost_acknowledged + self.duplicated,
+            ts.RECEIVED: acknowledged - self.lost_acknowledged + self.duplicated
+            + (self.nemesis.recovered + self.nemesis.unexpected if self.nemesis else 0),
             ts.LOST_ACKNOWLEDGED: self.lost_acknowledged,
             ts.DUPLICATED: self.duplicated,
         }
+
+    def expected_nemesis(self) -> dict[str, object]:
+        """The nemesis-table row (``nemesis.NEMESIS_COLUMNS`` but ``file``) the job must produce."""
+        script = self.nemesis
+        assert script is not None, "not a nemesis round"
+        tally = self.expected()
+        by_outcome = [ts.outcome(o.result) for o in script.ops]
+        return {
+            ts.ROUND: self.round_id,
+            ts.RUN: "synthetic",
+            ts.SCHEDULE: script.schedule,
+            ts.SEED: script.seed,
+            "verdict": script.verdict,
+            "failing": script.verdict != ts.VERDICT_OK,
+            ts.VALID: script.valid,
+            ts.DRAIN_COMPLETE: script.drain_complete,
+            ts.ATTEMPTED: tally[ts.SENT],
+            ts.ACKNOWLEDGED: tally[ts.ACKNOWLEDGED],
+            ts.RECEIVED: tally[ts.RECEIVED],
+            ts.LOST: script.lost,
+            ts.UNEXPECTED: script.unexpected,
+            ts.DUPLICATED: script.duplicated,
+            ts.DUPLICATES: script.duplicates,
+            ts.RECOVERED: script.recovered,
+            ts.REPLICA_MISMATCHES: script.replica_mismatches,
+            ts.REPLICA_CHECKS: len(script.check_mismatches),
+            "mismatched_checks": sum(1 for m in script.check_mismatches if m),
+            "ops": len(script.ops),
+            **{f"ops_{o.lower()}": by_outcome.count(o) for o in ts.OUTCOMES if o != ts.RESULT_OK},
+            "faults": ", ".join(script.faults),
+            ts.LOST_IDS: " ".join(script.lost_ids),
+            ts.UNEXPECTED_IDS: " ".join(script.unexpected_ids),
+        }
+
+    def _nemesis_events(self) -> list[tuple[int, str, dict[str, object]]]:
+        script = self.nemesis
+        assert script is not None
+        fault = self._milestones_us()[ts.FAULT_INJECTED]
+        end = self._end_us()
+        out: list[tuple[int, str, dict[str, object]]] = []
+        checks = iter(script.check_mismatches)
+        for o in script.ops:
+            t = fault + o.offset_us
+            out.append((t, ts.NEMESIS, {ts.OP: o.op, ts.NODE: o.node, ts.RESULT: o.result,
+                                        "t_end": None, "target": o.node, "label": None,
+                                        ts.ARG: o.arg}))
+            if o.op == "check":
+                mismatches = next(checks)
+                out.append((t + 1_000, ts.REPLICA_CHECK, {
+                    ts.AFTER: "synthetic op", ts.RESULT: o.result, ts.PRIMARY: self.new_primary,
+                    "backups": [n for n in self.node_ids if n != self.new_primary],
+                    ts.MISMATCHES: mismatches,
+                    "diffs": [f"nemesis on n1: missing {mismatches}"] if mismatches else [],
+                }))
+        final = next(checks)
+        out.append((end - 200_000, ts.REPLICA_CHECK, {
+            ts.AFTER: "final", ts.RESULT: ts.RESULT_MISMATCH if final else ts.RESULT_OK,
+            ts.PRIMARY: self.new_primary, ts.MISMATCHES: final,
+        }))
+        out.append((fault + 5_000, "node_state", {ts.NODE: self.primary, "state": None,
+                                                   "detail": None, ts.TERM: None}))
+        tally = self.expected()
+        out.append((end - 150_000, ts.CHECKER, {
+            ts.VALID: script.valid, ts.ATTEMPTED: tally[ts.SENT],
+            ts.ACKNOWLEDGED: tally[ts.ACKNOWLEDGED], ts.RECEIVED: tally[ts.RECEIVED],
+            ts.LOST: script.lost, ts.UNEXPECTED: script.unexpected,
+            ts.DUPLICATED: script.duplicated, ts.DUPLICATES: script.duplicates,
+            ts.RECOVERED: script.recovered, ts.REPLICA_MISMATCHES: script.replica_mismatches,
+            ts.REPLICA_CHECKS: len(script.check_mismatches),
+            ts.DRAIN_COMPLETE: script.drain_complete, ts.LOST_IDS: script.lost_ids,
+            ts.UNEXPECTED_IDS: script.unexpected_ids,
+        }))
+        return out
 
     def _milestones_us(self) -> dict[str, int]:
         fault = self.fault_offset_us
@@ -225,12 +388,20 @@ class SyntheticRound:
                     ts.NODE_IDS: self.node_ids,
                     ts.PRIMARY: self.primary,
                     ts.LOAD_MSG_S: cfg.load_msg_s,
+                    **({ts.SCHEDULE: self.nemesis.schedule, ts.SEED: self.nemesis.seed,
+                        ts.SCHEDULE_FAULTS: self.nemesis.faults,
+                        "ops": [f"{o.op} {o.arg or o.node or ''}".strip()
+                                for o in self.nemesis.ops]}
+                       if self.nemesis else {}),
                 },
             ),
             (200_000, ts.ELECTION_WON, {ts.NODE: self.primary, ts.TERM: 1}),
             (250_000, ts.PROMOTED, {ts.NODE: self.primary}),
             (2_500_000, ts.CLIENT_RECONNECTED, {ts.CLIENT: ts.CONSUMER, ts.NODE: self.primary}),
-            (m[ts.FAULT_INJECTED], ts.FAULT_INJECTED, {ts.NODE: self.primary, ts.PID: 4242}),
+            (m[ts.FAULT_INJECTED], ts.FAULT_INJECTED, {
+                ts.NODE: self.primary, ts.PID: 4242,
+                **({ts.OP: self.nemesis.ops[0].op} if self.nemesis else {}),
+            }),
             (m[ts.LEADER_KEY_GONE], ts.LEADER_KEY_GONE, {}),
             (m[ts.ELECTION_WON], ts.ELECTION_WON, {ts.NODE: self.new_primary, ts.TERM: 2}),
             (m[ts.PROMOTED], ts.PROMOTED, {ts.NODE: self.new_primary}),
@@ -263,6 +434,8 @@ class SyntheticRound:
             chunk = ks[i : i + 10]
             flushed = min((chunk[-1] + 1) * BUCKET_US, self._producer_stop_us())
             out.append((flushed, ts.ACKS, {ts.K: chunk[0], ts.N: [counts[k] for k in chunk]}))
+        if self.nemesis:
+            out += self._nemesis_events()
         tally = self.expected()
         end = self._end_us()
         out.append((end - 100_000, ts.TALLY, {f: tally[f] for f in ts.TALLY_FIELDS}))
@@ -337,6 +510,70 @@ def generate_rounds(count: int, *, seed: int = 0, configs: Sequence[RoundConfig]
     ]
 
 
+def _fault_op(kind: str, node: str, offset_us: int, result: str = ts.RESULT_OK) -> NemesisOp:
+    if kind.startswith(f"{ts.OP_PARTITION}-"):
+        return NemesisOp(offset_us, ts.OP_PARTITION, node, result, kind.split("-", 1)[1])
+    return NemesisOp(offset_us, kind, node, result)
+
+
+def make_nemesis_round(index: int, verdict: str = ts.VERDICT_OK, *, seed: int = 0,
+                       prefix: str = "nem") -> SyntheticRound:
+    """A nemesis round whose checker gives ``verdict``; the same arguments give the same round."""
+    if verdict not in ts.VERDICTS:
+        raise ValueError(f"verdict must be one of {ts.VERDICTS}, not {verdict!r}")
+    rng = random.Random(f"nemesis:{seed}:{index}")
+    base = make_round(index, NEMESIS_CONFIG, seed=seed, prefix=prefix)
+    kinds = [ts.FAULT_KILL9, ts.FAULT_SIGSTOP, ts.FAULT_SIGTERM,
+             *(f"{ts.OP_PARTITION}-{p}" for p in PARTITION_KINDS)]
+    first = rng.choice(kinds)
+    second = rng.choice([k for k in kinds if k != first] + ["promote"])
+    primary, other = base.primary, base.new_primary
+    ops = [_fault_op(first, primary, 0)]
+    ops.append(NemesisOp(0, UNDO[ops[0].op], primary, ts.RESULT_OK))
+    if second == "promote":
+        result = rng.choice([ts.RESULT_OK, "refused: n3 is not a caught-up backup"])
+    else:
+        result = rng.choice([ts.RESULT_OK, ts.RESULT_OK, "skipped: n1 still down or rejoining"])
+    ops.append(_fault_op(second, other, 0, result))
+    if result == ts.RESULT_OK and ops[-1].op in UNDO:
+        ops.append(NemesisOp(0, UNDO[ops[-1].op], other, ts.RESULT_OK))
+    if rng.random() < 0.4:
+        ops.append(NemesisOp(0, "await_state", primary, "timeout: n1 is connecting, not backup",
+                             "backup"))
+    mismatch = verdict == ts.VERDICT_MISMATCH
+    ops.append(NemesisOp(0, "check", other, ts.RESULT_MISMATCH if mismatch else ts.RESULT_OK))
+    if verdict == ts.VERDICT_NO_VERDICT:
+        ops.append(NemesisOp(0, "await_state", other, "failed: n2 exited with code 1", "backup"))
+    ops.append(NemesisOp(0, "elect_each", None, ts.RESULT_OK))
+    ops.append(NemesisOp(0, "promote", primary, ts.RESULT_OK))
+    ops = [dataclasses.replace(o, offset_us=i * NEMESIS_OP_GAP_US) for i, o in enumerate(ops)]
+    duplicated = rng.choice((0, 0, 1, 2))
+    random_schedule = index % 2 == 0
+    script = NemesisScript(
+        schedule=f"seed-{1000 + index}" if random_schedule else f"fixed-{index}",
+        seed=1000 + index if random_schedule else None,
+        ops=tuple(ops),
+        check_mismatches=(rng.randint(1, 300) if mismatch else 0, 0),
+        lost=rng.randint(1, 40) if verdict == ts.VERDICT_INVALID
+        else rng.randint(0, 30) if verdict == ts.VERDICT_NO_VERDICT else 0,
+        unexpected=rng.choice((0, 2)) if verdict == ts.VERDICT_INVALID else 0,
+        duplicated=duplicated,
+        duplicates=duplicated + rng.choice((0, 1)) if duplicated else 0,
+        recovered=rng.randint(0, 3),
+        drain_complete=verdict != ts.VERDICT_NO_VERDICT,
+    )
+    return dataclasses.replace(base, nemesis=script, lost_acknowledged=script.lost,
+                               duplicated=script.duplicates)
+
+
+def generate_nemesis_rounds(count: int, *, seed: int = 0,
+                            verdicts: Sequence[str] = NEMESIS_VERDICT_CYCLE,
+                            prefix: str = "nem") -> list[SyntheticRound]:
+    """``count`` nemesis rounds whose verdicts cycle through ``verdicts``."""
+    return [make_nemesis_round(i, verdicts[i % len(verdicts)], seed=seed, prefix=prefix)
+            for i in range(count)]
+
+
 def write_traces(rounds: Iterable[SyntheticRound], out_dir: Path) -> list[Path]:
     """Write one ``<round>.jsonl`` trace per round into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -357,9 +594,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--lossy-every", type=int, default=0, metavar="N",
         help="every N-th round loses acknowledged messages (0: none)",
     )
+    parser.add_argument(
+        "--nemesis", type=int, default=0, metavar="M",
+        help="also M nemesis rounds (one in three failing the checker in turn)",
+    )
     args = parser.parse_args(argv)
     paths = write_traces(
-        generate_rounds(args.rounds, seed=args.seed, lossy_every=args.lossy_every), args.out
+        generate_rounds(args.rounds, seed=args.seed, lossy_every=args.lossy_every)
+        + generate_nemesis_rounds(args.nemesis, seed=args.seed), args.out
     )
     print(f"wrote {len(paths)} traces to {args.out}")
 
