@@ -5,9 +5,11 @@
 
 Reads every ``*.jsonl`` trace (``docs/failover-traces.md``), computes the
 per-round phase durations, throughput dip and message tally, aggregates them
-by fault type, lease TTL, node count and load, and writes into ``--out``:
-``dashboard.html`` (self-contained), ``summary.parquet``, ``summary.csv``
-(one row per round), ``aggregates.csv`` and ``problems.csv`` (malformed
+by fault type, lease TTL, node count and load, reads the nemesis rounds'
+checker verdicts and counts every fault type injected, and writes into
+``--out``: ``dashboard.html`` (self-contained), ``summary.parquet``,
+``summary.csv`` (one row per round), ``aggregates.csv``, ``nemesis.csv`` (one
+row per nemesis round), ``fault_types.csv`` and ``problems.csv`` (malformed
 lines and rejected rounds, with file and line).  ``docs/dashboards.md`` is
 the operator's guide.
 
@@ -32,6 +34,7 @@ from pyspark.sql import functions as F
 
 from spark_analysis import aggregates as ag
 from spark_analysis import exports
+from spark_analysis import nemesis as nm
 from spark_analysis import phases as ph
 from spark_analysis import round_metrics as rm
 from spark_analysis import trace_schema as ts
@@ -53,6 +56,8 @@ class DashboardResult:
     rejected_rounds: int
     malformed_lines: int
     seconds: float
+    nemesis_rounds: int = 0
+    failing_nemesis_rounds: int = 0
 
 
 def build_session(master: str) -> SparkSession:
@@ -113,6 +118,12 @@ def run(traces: str | Sequence[str], out: str | Path, master: str = DEFAULT_MAST
             malformed = [r.asDict() for r in
                          lines.malformed.orderBy(FILE, LINE).limit(MALFORMED_ROWS_KEPT).collect()]
             curves = _curves(lines.events, tables.timing, summary)
+            nemesis_df = tables.nemesis.persist()
+            nemesis = [r.asDict() for r in nemesis_df.orderBy(ts.ROUND).collect()]
+            typed = [r.asDict() for r in nm.fault_types(tables.nemesis_ops, summary_df).collect()]
+            fault_types = [r for r in typed if not r[nm.TOTAL]]
+            fault_role_totals = [r for r in typed if r[nm.TOTAL]]
+            nemesis_df.unpersist()
             summary_df.unpersist()
         finally:
             lines.release()
@@ -123,6 +134,8 @@ def run(traces: str | Sequence[str], out: str | Path, master: str = DEFAULT_MAST
     exports.write_parquet(summary, summary_schema, out_dir / "summary.parquet")
     exports.write_csv(summary, rm.SUMMARY_COLUMNS, out_dir / "summary.csv")
     exports.write_csv(aggregates, aggregate_columns, out_dir / "aggregates.csv")
+    exports.write_csv(nemesis, nm.NEMESIS_COLUMNS, out_dir / "nemesis.csv")
+    exports.write_csv(fault_types, nm.FAULT_TYPE_COLUMNS, out_dir / "fault_types.csv")
     problems = [{"kind": "rejected round", "text": "", **r} for r in rejected] + [
         {"kind": "malformed line", ts.ROUND: "", **r} for r in malformed
     ]
@@ -139,8 +152,12 @@ def run(traces: str | Sequence[str], out: str | Path, master: str = DEFAULT_MAST
         malformed_total=malformed_total,
         curves=curves,
         job_seconds=seconds,
+        nemesis=nemesis,
+        fault_types=fault_types,
+        fault_role_totals=fault_role_totals,
     )), encoding="utf-8")
-    return DashboardResult(html, len(summary), len(rejected), malformed_total, seconds)
+    return DashboardResult(html, len(summary), len(rejected), malformed_total, seconds,
+                           len(nemesis), sum(1 for r in nemesis if r[nm.FAILING]))
 
 
 def pick_curve_rounds(summary: Sequence[dict]) -> list[tuple[str, dict]]:
@@ -208,6 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{result.malformed_lines} malformed lines"
         + (f" (see {args.out / 'problems.csv'})" if result.rejected_rounds
            or result.malformed_lines else "")
+        + (f"; {result.nemesis_rounds} nemesis rounds, {result.failing_nemesis_rounds} failing "
+           "the checker" if result.nemesis_rounds else "")
         + f"; {result.seconds:.1f} s"
     )
     return 0

@@ -23,7 +23,10 @@ pytestmark = pytest.mark.spark
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 WINDOW = (1400, 3000)
 CHART = '<svg class="chart"'
-CHARTS_EXPECTED = 3 * 3 + 2  # per fault type: stacked phases, box plot, histogram; 2 dip curves
+NEMESIS_ROUNDS = 9  # three of them fail the checker: INVALID, MISMATCH, NO VERDICT
+CHARTS_EXPECTED = 4 * 3 + 2 + 1
+"""Per fault type (kill9, sigstop, sigterm, nemesis): stacked phases, box plot, histogram;
+2 dip curves; the injections per fault type."""
 
 
 def chromium() -> str:
@@ -53,8 +56,11 @@ def dashboard(spark, tmp_path_factory) -> Path:
     paths = synthetic.write_traces(rounds, base / "traces")
     with paths[-1].open("a") as f:
         f.write('{"round": "syn-000047", "t": 1700002830.0, "event": "acks", "k": 1\n')
+    synthetic.write_traces(synthetic.generate_nemesis_rounds(NEMESIS_ROUNDS, seed=5),
+                           base / "traces")
     result = failover_dashboard.run(str(base / "traces"), base / "out", spark=spark)
-    assert (result.rounds, result.rejected_rounds, result.malformed_lines) == (47, 1, 1)
+    assert (result.rounds, result.rejected_rounds, result.malformed_lines) == (56, 1, 1)
+    assert (result.nemesis_rounds, result.failing_nemesis_rounds) == (NEMESIS_ROUNDS, 3)
     return result.html
 
 
@@ -62,10 +68,15 @@ def test_outputs_for_other_tools(dashboard):
     import pyarrow.parquet as pq
 
     table = pq.read_table(dashboard.parent / "summary.parquet")
-    assert table.num_rows == 47
+    assert table.num_rows == 56
     csv_lines = (dashboard.parent / "summary.csv").read_text().splitlines()
-    assert len(csv_lines) == 48 and csv_lines[0].startswith("round,file,fault,")
+    assert len(csv_lines) == 57 and csv_lines[0].startswith("round,file,fault,")
     assert table.column_names == csv_lines[0].split(",")
+    nemesis_lines = (dashboard.parent / "nemesis.csv").read_text().splitlines()
+    assert len(nemesis_lines) == 1 + NEMESIS_ROUNDS and nemesis_lines[0].startswith("round,file,")
+    fault_types = (dashboard.parent / "fault_types.csv").read_text().splitlines()
+    assert fault_types[0].startswith("fault_type,role,injected,rounds,")
+    assert {line.split(",")[0] for line in fault_types[1:]} >= {"kill9", "sigstop", "sigterm"}
 
 
 def test_page_has_every_section_and_needs_no_network(dashboard):
@@ -75,6 +86,7 @@ def test_page_has_every_section_and_needs_no_network(dashboard):
     assert "<script" not in html and "<link" not in html and " src=" not in html
     assert set(re.findall(r"https?://[^\"' )]+", html)) == {"http://www.w3.org/2000/svg"}
     assert 'id="lost-alert"' in html  # lossy rounds are shown in red
+    assert '<div class="alert red" id="nemesis-alert">' in html  # so are failing nemesis rounds
     assert html.count(CHART) == CHARTS_EXPECTED
 
 
@@ -96,10 +108,13 @@ def test_headless_chromium_renders_the_charts(dashboard, tmp_path):
     url = dashboard.resolve().as_uri()
     dom = run_chromium(tmp_path / "profile-dom", "--dump-dom", url).stdout.decode()
     assert dom.count(CHART) == CHARTS_EXPECTED
-    assert dom.count('class="segment"') >= 5 * 24  # 5 phases x 24 configurations
-    assert dom.count('class="box"') == 24
+    assert dom.count('class="segment"') >= 5 * 25  # 5 phases x 25 configurations
+    assert dom.count('class="box"') == 25
     assert dom.count('class="series"') == 2
     assert "Failover dashboard" in dom
+    nemesis = dom[dom.index('<section id="nemesis">'):dom.index('<section id="fault-types">')]
+    assert nemesis.count('<tr class="bad">') == 3  # the failing rounds, marked
+    assert "<h3>Failing rounds</h3>" in nemesis
 
     ARTIFACTS.mkdir(exist_ok=True)
     png = ARTIFACTS / "dashboard.png"
