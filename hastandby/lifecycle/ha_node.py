@@ -526,19 +526,27 @@ class HaNode:
 
 
 
+FRESH_CHECK_TIMEOUT = 5.0
+"""Seconds another node has to answer before a connecting node's promotion is refused: off the
+reactor thread it may be generous (under load, 1 s made a busy backup look hung)."""
+
+
 def _check_fresh_cluster(addresses: list[Address], login: Login) -> None:
     """A connecting node may only be promoted if no reachable node is past connecting (blocking: a worker thread)."""
+    unknown = []
     for host, port in addresses:
         try:
-            with ManagementClient(f"{host}:{port}", timeout=1.0, login=login) as client:
+            with ManagementClient(f"{host}:{port}", timeout=FRESH_CHECK_TIMEOUT, login=login) as client:
                 state = client.request("STATUS").get("state")
         except ManagementError as error:
-            if error.unreachable:
-                continue  # nothing listens there: that node holds nothing we could lose
-            # Something answered but could not be asked (TLS, credentials, a hung node): it may be a primary.
-            raise NotPromotable(f"cannot tell what {host}:{port} is ({error}): stop it, or promote a backup")
+            if not error.unreachable:
+                # Something is there but could not be asked (TLS, credentials, a hung node): it may be a primary.
+                unknown.append(f"{host}:{port} ({error})")
+            continue  # nothing listens there: that node holds nothing we could lose
         if state != "connecting":
             raise NotPromotable(f"{host}:{port} is {state}: promote a backup, not a connecting node")
+    if unknown:
+        raise NotPromotable(f"cannot tell what {', '.join(unknown)} is: stop it, or promote a backup")
 
 
 def _level(node: Any) -> str:

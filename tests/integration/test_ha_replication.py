@@ -506,8 +506,8 @@ def test_invalid_replication(cluster_factory):
     primary = c[0].address
     result = cli("add", "queue", "qbad", "--argument", "qpid.replicate=bogus", "-b", primary)
     assert result.returncode == 1
-    assert result.stderr.strip() == (
-        "Error: invalid qpid.replicate value 'bogus': must be one of none, configuration, all")
+    assert result.stderr.strip() == (  # the management reply's AMQP condition, then its description
+        "Error: amqp:invalid-field: invalid qpid.replicate value 'bogus': must be one of none, configuration, all")
     with pytest.raises(ManagementError, match="invalid qpid.replicate value 'bogus'") as refused:
         c[0].request("CREATE", "exchange", "exbad",
                      {"exchange-type": "fanout", "arguments": {"qpid.replicate": "bogus"}})
