@@ -28,6 +28,7 @@ from .broker.memory import DEFAULT_FRACTION, LOW_FRACTION, SAMPLE_INTERVAL, tota
 from .broker.registry import Registry
 from .broker.server import BrokerHandler, Refusal
 from .broker.store import WiringStore
+from .files import write_atomically
 from .security.acl import Acl, AclError
 from .security.credentials import Credentials
 from .security.pipe import ClientSecurity, ServerSecurity
@@ -142,7 +143,7 @@ class Node:
         data_dir.mkdir(parents=True, exist_ok=True)
         path = data_dir / "node-id"
         if not path.exists():
-            path.write_text(uuidlib.uuid4().hex[:12] + "\n")
+            write_atomically(path, uuidlib.uuid4().hex[:12] + "\n")
         return path.read_text().strip()
 
     # -- reactor-thread services ---------------------------------------------------

@@ -1,20 +1,22 @@
 """Durable wiring: queues, exchanges and bindings declared durable survive a restart.
 
-Messages live in memory (their durability comes from replication to backups);
-the *configuration* a user declared with ``--durable`` is written to
-``<data-dir>/wiring.json`` on every change, atomically, and declared again
-at start-up.
+The *configuration* a user declared with ``--durable`` is written to
+``<data-dir>/wiring.json`` on every change, atomically (file and directory
+fsynced), and declared again at start-up under the same uuids: the journal
+(``journal.py``) names queues by uuid, and an HA backup's replicas must stay
+the same incarnation as the primary's queues, or a restarted backup would
+drop what it holds and download everything again.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from ..files import write_atomically
 from .exchange import Binding
 from .queue import Queue
 from .registry import Node, Registry
@@ -45,6 +47,8 @@ class WiringStore:
                 exchange.get("arguments"),
                 alternate_exchange=exchange.get("alternate_exchange"),
                 durable=True,
+                object_uuid=exchange.get("uuid"),
+                require_alternate=False,
             )
         for queue in saved.get("queues", []):
             registry.declare_queue(
@@ -54,6 +58,8 @@ class WiringStore:
                 auto_delete=queue.get("auto_delete", False),
                 alternate_exchange=queue.get("alternate_exchange"),
                 durable=True,
+                object_uuid=queue.get("uuid"),
+                require_alternate=False,
             )
         for binding in saved.get("bindings", []):
             registry.bind(binding["exchange"], binding["queue"], binding["key"], binding.get("arguments"))
@@ -67,6 +73,7 @@ class WiringStore:
             "queues": [
                 {
                     "name": q.name,
+                    "uuid": q.uuid,
                     "arguments": q.settings.arguments,
                     "exclusive": q.settings.exclusive,
                     "auto_delete": q.settings.auto_delete,
@@ -75,7 +82,8 @@ class WiringStore:
                 for q in queues
             ],
             "exchanges": [
-                {"name": e.name, "type": e.type, "arguments": e.arguments, "alternate_exchange": e.alternate_exchange}
+                {"name": e.name, "uuid": e.uuid, "type": e.type, "arguments": e.arguments,
+                 "alternate_exchange": e.alternate_exchange}
                 for e in exchanges
             ],
             "bindings": [
@@ -86,9 +94,7 @@ class WiringStore:
         }
 
     def save(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.snapshot(), indent=1, sort_keys=True))
-        os.replace(tmp, self.path)
+        write_atomically(self.path, json.dumps(self.snapshot(), indent=1, sort_keys=True))
 
     # -- RegistryObserver ----------------------------------------------------
 

@@ -17,7 +17,6 @@ needs: the source epoch last seen, the source queue's lineage last adopted
 from __future__ import annotations
 
 import json
-import os
 import uuid as uuidlib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 import structlog
 
 from hastandby.broker.errors import InvalidArgument
+from hastandby.files import write_atomically
 
 from .protocol import MODES
 
@@ -139,10 +139,7 @@ class FileStore:
             self._write()
 
     def _write(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps([asdict(c) for c in self._configs.values()], indent=1, sort_keys=True))
-        os.replace(tmp, self.path)
+        write_atomically(self.path, json.dumps([asdict(c) for c in self._configs.values()], indent=1, sort_keys=True))
 
 
 class EtcdStore:
