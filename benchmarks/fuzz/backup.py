@@ -21,9 +21,13 @@ such connection:
 - now and then the hello's term is older, newer, negative, past 2**63, or
   not a number (a newer term the backup follows: the later hellos carry it);
 - then, if the browser on ``fz.b1`` is still attached, a valid batch of
-  fresh ids: once the backup settles it accepted, its IDS (as admin) must
-  list every one of those ids with the digest of the bytes sent, or the
-  case counts a **loss** (the backup acknowledged what it does not hold).
+  fresh ids (above every id the backup said it held when it attached, and
+  every id of what we sent it since that decodes as a batch): once the
+  backup settles it accepted, its IDS (as admin) must list every one of
+  those ids with the digest of the bytes sent, or the case counts a
+  **loss** (the backup acknowledged what it does not hold).  Every
+  ``RENEW_EVERY`` cases, or once ids got large, the snapshot gives ``fz.b1``
+  a new uuid: the backup replaces it, and ids start from 1 again.
 
 The connection is held about a second (a backup reconnects at once after
 a connection that lasted that long, and backs off after shorter ones), then
@@ -50,6 +54,7 @@ from hastandby.browser.protocol import (
     IDS_PROPERTY,
     LINEAGE_PROPERTY,
     WIRING_ADDRESS,
+    decode_batch,
     encode_batch,
 )
 
@@ -64,6 +69,7 @@ HOLD = 1.05  # seconds a case keeps the connection (see the module docstring)
 QUEUES = {"fz.b1": "all", "fz.b2": "all", "fz.b3": "configuration"}
 VERIFY_QUEUE = "fz.b1"
 VERIFY_MESSAGES = 5
+RENEW_EVERY = 250  # cases between new incarnations of fz.b1 (ids from 1 again; the old queue goes)
 
 
 def _uuid(name: str, generation: int = 0) -> str:
@@ -80,9 +86,21 @@ def exchange_spec(name: str, generation: int = 0) -> dict[str, Any]:
             "arguments": {"qpid.replicate": "all"}, "alternate_exchange": "", "durable": False}
 
 
-def binding_spec(exchange: str, queue: str, key: str = "k") -> dict[str, Any]:
-    return {"exchange": exchange, "exchange_uuid": _uuid(exchange), "queue": queue, "queue_uuid": _uuid(queue),
-            "key": key, "arguments": {}}
+def binding_spec(exchange: str, queue: str, key: str = "k", queue_generation: int = 0) -> dict[str, Any]:
+    return {"exchange": exchange, "exchange_uuid": _uuid(exchange), "queue": queue,
+            "queue_uuid": _uuid(queue, queue_generation), "key": key, "arguments": {}}
+
+
+def batch_ids(tag: bytes, data: bytes, control_tags: tuple[bytes, ...]) -> list[int]:
+    """The ids a delivery puts on a replica: those of the batch its bytes decode to, unless its tag
+    makes it a control delivery (or it does not decode: the replica refuses it)."""
+    if tag.startswith(control_tags):
+        return []
+    try:
+        ids, _ = decode_batch(data)
+    except ValueError:
+        return []
+    return list(ids)
 
 
 def mutate_map(rng: random.Random, body: dict[str, Any], record: CaseRecord, what: str) -> Any:
@@ -173,7 +191,9 @@ class Backup(Kind):
         node.start()
         self.prepare(node)
         self.term = 1
-        self.max_id = 0  # the highest id any batch of ours carried (fresh ids start above it)
+        self.max_id = 0  # the highest id fz.b1 may hold (fresh ids start above it)
+        self.generation = 0  # of fz.b1: a new one (a new uuid in the snapshot) makes the backup start it afresh
+        self.cases = 0
         self.served: Served | None = None
         self.record: CaseRecord | None = None
         self.rng = random.Random(0)
@@ -187,7 +207,7 @@ class Backup(Kind):
 
     def recover(self) -> None:
         super().recover()
-        self.term = 1
+        self.term, self.max_id = 1, 0
 
     def check(self, record: CaseRecord) -> CheckResult:
         """The reference producer and consumer (as admin, on the local queue), and STATUS and QUERY answered."""
@@ -255,10 +275,14 @@ class Backup(Kind):
         hello = mutate_map(rng, {"type": "hello", "primary": me, "term": term, "replicate_default": "all",
                                  "members": members}, record, "hello")
         messages: list[Any] = [hello]
-        queues = [queue_spec(name, level, generation if name != VERIFY_QUEUE else 0)
+        self.cases += 1
+        if self.max_id >= 2**40 or self.cases % RENEW_EVERY == 0:  # fz.b1 anew: fresh ids, and a bounded queue
+            self.generation, self.max_id = self.generation + 1, 0
+            record.note(f"{VERIFY_QUEUE} renewed (generation {self.generation})")
+        queues = [queue_spec(name, level, generation if name != VERIFY_QUEUE else self.generation)
                   for name, level in QUEUES.items()]
         exchanges = [exchange_spec("fz.bx", generation)]
-        bindings = [binding_spec("fz.bx", "fz.b1")] if generation == 0 else []
+        bindings = [binding_spec("fz.bx", "fz.b1", queue_generation=self.generation)] if generation == 0 else []
         messages.append(mutate_map(rng, {"type": "snapshot", "queues": queues, "exchanges": exchanges,
                                          "bindings": bindings}, record, "snapshot"))
         for _ in range(rng.choice([0, 0, 1, 2, 4])):
@@ -279,8 +303,10 @@ class Backup(Kind):
             link = served.links.get(name)
             if link is None or level != "all" or not link.state & Endpoint.LOCAL_ACTIVE:
                 continue
-            held = served.attach_properties.get(name, {}).get(IDS_PROPERTY) or []
-            first = max([self.max_id, *[x for x in held if isinstance(x, int)]]) + 1
+            held = [x for x in served.attach_properties.get(name, {}).get(IDS_PROPERTY) or [] if isinstance(x, int)]
+            if name == VERIFY_QUEUE:
+                self.max_id = max([self.max_id, *held])
+            first = max([self.max_id, *held]) + 1
             for number in range(rng.choice([0, 1, 2, 3])):
                 if link.credit <= 0 or served.engine.peer_closed:
                     break
@@ -294,9 +320,11 @@ class Backup(Kind):
                 if rng.random() < 0.05:
                     tag = rng.choice([b"", b"x", b"\xff" * 40, b"d", b"b"])
                     record.note(f"tag {tag!r}")
+                if name == VERIFY_QUEUE:
+                    sent_ids += batch_ids(tag, data, (DEQUEUE_TAG,))
                 send(link, tag, data, settled=rng.random() < 0.3)
             fake.run(served, rng.choice([0.02, 0.1]))
-        self.max_id = max([self.max_id, *[i for i in sent_ids if i < 2**62]])
+        self.max_id = max([self.max_id, *[i for i in sent_ids if i < 2**63]])
         self._verify(rng, served, record)
 
     def _event(self, rng: random.Random, backup_id: str, me: dict[str, Any]) -> dict[str, Any]:
@@ -321,7 +349,7 @@ class Backup(Kind):
         """A valid batch of fresh ids on fz.b1; once accepted, the backup must hold it."""
         link = served.links.get(VERIFY_QUEUE)
         if link is None or not link.state & Endpoint.LOCAL_ACTIVE or link.state & Endpoint.REMOTE_CLOSED \
-                or served.engine.peer_closed or link.credit <= 0 or self.max_id > 2**62:
+                or served.engine.peer_closed or link.credit <= 0 or self.max_id >= 2**40:
             return
         first = self.max_id + 1
         ids = list(range(first, first + VERIFY_MESSAGES))

@@ -236,16 +236,18 @@ class FuzzNode:
         """What the lines written since the last call say; a run of non-JSON lines (a traceback) is one."""
         found: list[LogFinding] = []
         block: list[str] = []
-        for line in [*self.new_lines(), ""]:
-            if line.strip() and not line.lstrip().startswith("{"):
-                block.append(line)
+        lines = self.new_lines()
+        for index, line in enumerate([*lines, None]):
+            if line is not None and (line.strip() and not line.lstrip().startswith("{")
+                                     or not line.strip() and block and index + 1 < len(lines)):
+                block.append(line)  # a traceback's lines, blank ones between its parts included
                 continue
             if block:
                 text = "\n".join(block)
                 last = next((b for b in reversed(block) if b.strip()), "")
                 found.append(LogFinding("failure", f"non-JSON output: {_variable_free(last.strip())}", text))
                 block = []
-            finding = classify(line)
+            finding = classify(line) if line is not None else None
             if finding is not None:
                 found.append(finding)
         return found

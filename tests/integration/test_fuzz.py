@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from proton import Endpoint, Message
+from proton import Delivery, Endpoint, Message
 
 from benchmarks._auth import users
 from benchmarks.fuzz import amqp
@@ -38,9 +38,9 @@ from benchmarks.fuzz.base import (
     converse,
     sasl_login,
 )
-from benchmarks.fuzz.checks import operations_answered, reference
+from benchmarks.fuzz.checks import admin_request, operations_answered, reference
 from benchmarks.fuzz.dr_replica import DrReplica
-from benchmarks.fuzz.fake import send
+from benchmarks.fuzz.fake import digest, send
 from benchmarks.fuzz.frames import Frames
 from benchmarks.fuzz.mutate import serialise
 from benchmarks.fuzz.node import FuzzNode
@@ -312,6 +312,39 @@ def test_source_attach_properties_with_a_binary_key(replica: DrReplica) -> None:
         replica.recover()  # a fresh node for the tests that follow
 
 
+def test_full_replica_of_a_queue_that_already_holds_messages(tmp_path: Path) -> None:
+    """A LOSS, with two real nodes and no fuzzing (the ``dr-replica`` kind found it as accepted batches
+    whose messages the replica did not hold).  REPLICATE in full mode onto a queue that already holds
+    messages of its own: their ids (1, 2, 3) are the source's ids too, so the source's messages 1-3
+    are taken for duplicates, dropped, and acknowledged (cumulatively; with --sync, a producer's
+    accept would wait on exactly that).  The replica reports itself live with no lag while holding
+    local-1..3 where the source has source-1..3.  (A replica's first epoch does not count as new in
+    full mode, dr/replica.py ``on_link_remote_open``, so nothing held before is dropped.)"""
+    source = FuzzNode(tmp_path, users(), "source")
+    replica_node = FuzzNode(tmp_path, users(), "replica")
+    try:
+        source.start()
+        replica_node.start()
+        for node, bodies in ((source, [f"source-{i}" for i in range(1, 6)]), (replica_node, ["local-1", "local-2",
+                                                                                           "local-3"])):
+            admin_request(node, "CREATE", "queue", "fz.full")
+            _send(node, "fz.full", bodies)
+        admin_request(replica_node, "REPLICATE", "queue", "fz.full", {"source": source.address, "mode": "full"})
+        wanted = {i: _digest(f"source-{i}") for i in range(1, 6)}
+        deadline = time.monotonic() + 5  # a replica has the source's five messages within a second
+        while time.monotonic() < deadline:
+            held = {int(i): d for i, d in admin_request(replica_node, "IDS", "queue", "fz.full", {})["messages"]}
+            if held == wanted:
+                break
+            time.sleep(0.2)
+        names = {d: f"source-{i}" for i, d in wanted.items()} | {_digest(b): b for b in ("local-1", "local-2",
+                                                                                         "local-3")}
+        assert held == wanted, f"the replica holds {[(i, names.get(d, d)) for i, d in sorted(held.items())]}"
+    finally:
+        source.stop()
+        replica_node.stop()
+
+
 def test_empty_batch_to_a_dr_replica(replica: DrReplica) -> None:
     """A DR source's batch of no messages: today IndexError (``ids[-1]``) in
     dr/replica.py:_enqueue_batch, logged as ``link endpoint failed``."""
@@ -412,6 +445,43 @@ def _after_login(node: FuzzNode, segments: list[Any]) -> list[tuple[int | None, 
         return converse(raw, segments, read_for=0.5)
     finally:
         raw.close()
+
+
+def _digest(body: str) -> str:
+    return digest(bytes(Message(body=body).encode()))
+
+
+def _send(node: FuzzNode, queue: str, bodies: list[str]) -> None:
+    """Send ``bodies`` to ``queue`` as app and wait until the node accepts each."""
+    engine = Engine.connect(node.host, node.port, "app", node.users.passwords["app"])
+    try:
+        session = engine.connection.session()
+        session.open()
+        sender = session.sender("fz-send")
+        sender.target.address = queue
+        sender.open()
+        settled: list[Any] = []
+
+        class Handler:
+            def on_delivery(self, event: Any) -> None:
+                if event.delivery.remote_state:
+                    settled.append(event.delivery.remote_state)
+                    event.delivery.settle()
+
+        sent = [0]
+
+        def done() -> bool:
+            while sent[0] < len(bodies) and sender.credit > 0:
+                sender.delivery(b"%d" % sent[0])
+                sender.send(Message(body=bodies[sent[0]]).encode())
+                sender.advance()
+                sent[0] += 1
+            return len(settled) == len(bodies)
+
+        assert engine.run_until(done, 5.0, Handler()), "messages not settled"
+        assert all(state == Delivery.ACCEPTED for state in settled)
+    finally:
+        engine.close(linger=0.2)
 
 
 def _invalid_utf8(frame: amqp.Frame, marker: bytes) -> bytes:
