@@ -33,6 +33,14 @@ it connects exactly as the stock example does.  Callers pass them with
 ``env=`` (``Client``, ``run_*``, ``start_*``); the caller's own environment
 never supplies them.  ``broker`` stays stock.
 
+With ``HASTANDBY_SSL_CA_FILE`` in the environment as well, a client connects
+with TLS: a client SSL domain that trusts that CA (only) and verifies the
+server's certificate and its name, ``HASTANDBY_SSL_PEER_NAME`` (default: the
+host argument; proton C checks DNS names, so give ``localhost`` when
+connecting to ``127.0.0.1``), set up on the transport before it connects.  A
+CA file it cannot read is an error (exit 1) rather than a silent plain
+connection.
+
 Binaries go to a cache directory (default ``benchmarks/.build/``) under a name
 carrying a hash of the patched source, the compiler command and the proton
 headers' version, so they are rebuilt only when one of those changes.
@@ -97,6 +105,31 @@ _CREDENTIALS = (
 )
 """Every client: authenticate with PLAIN from the environment (see the module docstring)."""
 
+_TLS = (
+    Patch("#include <proton/sasl.h>\n", "#include <proton/sasl.h>\n#include <proton/ssl.h>\n"),
+    Patch(
+        "    pn_proactor_connect2(app.proactor, connection, transport, addr);\n",
+        "    /* hastandby: TLS when $HASTANDBY_SSL_CA_FILE is set: trust that CA, verify the peer and its name */\n"
+        '    const char *ca_file = getenv("HASTANDBY_SSL_CA_FILE");\n'
+        "    if (ca_file && *ca_file) {\n"
+        '      const char *peer_name = getenv("HASTANDBY_SSL_PEER_NAME");\n'
+        "      pn_ssl_domain_t *domain = pn_ssl_domain(PN_SSL_MODE_CLIENT);\n"
+        "      pn_ssl_t *ssl = domain ? pn_ssl(transport) : NULL;\n"
+        "      if (!domain || !ssl\n"
+        "          || pn_ssl_domain_set_trusted_ca_db(domain, ca_file)\n"
+        "          || pn_ssl_domain_set_peer_authentication(domain, PN_SSL_VERIFY_PEER_NAME, NULL)\n"
+        "          || pn_ssl_init(ssl, domain, NULL)\n"
+        "          || pn_ssl_set_peer_hostname(ssl, (peer_name && *peer_name) ? peer_name : app.host)) {\n"
+        '        fprintf(stderr, "TLS set-up failed (CA file %s)\\n", ca_file);\n'
+        "        exit(1);\n"
+        "      }\n"
+        "      pn_ssl_domain_free(domain); /* the transport's SSL keeps its own reference */\n"
+        "    }\n"
+        "    pn_proactor_connect2(app.proactor, connection, transport, addr);\n",
+    ),
+)
+"""Every client, after ``_CREDENTIALS``: TLS from the environment (see the module docstring)."""
+
 
 @dataclass(frozen=True)
 class Program:
@@ -158,11 +191,11 @@ _RECEIVE_BENCH = (
 )
 
 PROGRAMS: dict[str, Program] = {
-    "send": Program("send.c", _CREDENTIALS),
-    "receive": Program("receive.c", _CREDENTIALS),
+    "send": Program("send.c", _CREDENTIALS + _TLS),
+    "receive": Program("receive.c", _CREDENTIALS + _TLS),
     "broker": Program("broker.c"),
-    "send-bench": Program("send.c", _CREDENTIALS + _SEND_BENCH),
-    "receive-bench": Program("receive.c", _CREDENTIALS + _RECEIVE_BENCH),
+    "send-bench": Program("send.c", _CREDENTIALS + _TLS + _SEND_BENCH),
+    "receive-bench": Program("receive.c", _CREDENTIALS + _TLS + _RECEIVE_BENCH),
 }
 """Every program :func:`build` knows, by name."""
 
@@ -272,7 +305,8 @@ class Client:
             self.process.communicate()
 
 
-CREDENTIAL_VARIABLES = ("HASTANDBY_USER", "HASTANDBY_PASSWORD")
+CREDENTIAL_VARIABLES = ("HASTANDBY_USER", "HASTANDBY_PASSWORD", "HASTANDBY_SSL_CA_FILE", "HASTANDBY_SSL_PEER_NAME")
+"""Taken from ``env`` only (credentials, and the TLS settings that go with them)."""
 
 
 def _without_credentials(environment: Mapping[str, str]) -> dict[str, str]:
