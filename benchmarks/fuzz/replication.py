@@ -34,7 +34,7 @@ from typing import Any
 
 from proton import Delivery, Endpoint, Message, Terminus, ulong
 
-from hastandby.browser.idset import IdSet
+from hastandby.broker.idset import IdSet
 from hastandby.browser.protocol import (
     ADMIN_PROPERTY,
     BACKUP_PROPERTY,

@@ -197,7 +197,7 @@ class Runner:
             reasons.append(record.description[0])
         if reasons:
             tally.failing_cases += 1
-            serious = any(r.startswith(("crash", "hang", "loss")) for r in reasons)
+            serious = any(r.startswith(("crash", "hang", "loss", "harness")) for r in reasons)
             if len(tally.failing) < KEEP_FAILING or (serious and len(tally.failing) < KEEP_SERIOUS):
                 tally.failing.append(Failing(index, reasons, record.description, record.conditions,
                                              log_lines or [f"{n.name}: {n.tail(1500)}" for n in dead],
@@ -205,6 +205,9 @@ class Runner:
             if self.verbose or serious:
                 print(f"  {kind.name} case {index}: {'; '.join(reasons)}", flush=True)
                 for line in record.description[:8]:
+                    print(f"      {line}", flush=True)
+                for line in record.conditions[:3] if record.description[:1] and \
+                        record.description[0].startswith("harness error") else []:
                     print(f"      {line}", flush=True)
                 for line in log_lines[:3]:
                     print(f"      log: {line[:600]}", flush=True)
