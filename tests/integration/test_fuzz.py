@@ -262,6 +262,25 @@ def test_members_entry_that_is_not_a_map(backup: Backup) -> None:
     _assert_clean(backup.node)
 
 
+def test_members_that_are_not_a_list(backup: Backup) -> None:
+    """A ``members`` update whose ``members`` is the number 5: lifecycle/ha_node.py ``_members`` stores it
+    (``self.members = members``) before iterating it (TypeError, ``link endpoint failed``); from then on
+    every QUERY of the node fails (``management request failed``: TypeError in ``_describe``) until the
+    primary sends a members list again."""
+    hello = _hello(backup)
+    _to_backup(backup, [hello, {"type": "members", "term": hello["term"], "members": 5}])
+    _assert_clean(backup.node)
+
+
+def test_batch_with_an_empty_delivery_tag(backup: Backup) -> None:
+    """A batch delivered with an empty delivery tag on a replicating browser: proton gives the tag as a
+    NULL pointer, and broker/links.py ``delivery_tag`` fails (RuntimeError: cannot use unpack() on NULL),
+    logged as ``link endpoint failed``."""
+    _to_backup(backup, [_hello(backup), _snapshot()], browser_deliveries=[
+        (b"", encode_batch([1], [bytes(Message(body="fz").encode())]))])
+    _assert_clean(backup.node)
+
+
 def test_hello_primary_that_is_not_a_map(backup: Backup) -> None:
     """A NODE CRASH.  A hello whose ``primary`` is the number 5: browser/backup.py keeps it
     (``self.primary = body.get("primary") or {}``); when that connection closes, ``lost()`` calls
