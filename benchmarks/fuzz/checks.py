@@ -24,7 +24,7 @@ from proton import Delivery, Endpoint, Message, symbol
 
 from benchmarks._auth import ADMIN
 
-from .wire import Engine, WireError
+from .wire import Engine, WireError, raw_tag
 
 ADMIN_PROPERTY = symbol("qpid.ha-admin")
 _serial = itertools.count(1)
@@ -109,8 +109,7 @@ class _Reference:
         link = delivery.link
         if link.is_sender:
             if delivery.remote_state and delivery.link == self.sender:
-                tag = delivery.tag
-                body = tag if isinstance(tag, str) else bytes(tag).decode(errors="replace")
+                body = raw_tag(delivery).decode(errors="replace")
                 self.outcomes[body] = _STATES.get(delivery.remote_state, str(delivery.remote_state))
                 delivery.settle()
             elif delivery.remote_state or delivery.remote_settled:

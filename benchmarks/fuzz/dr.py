@@ -59,7 +59,7 @@ from .replication import (
     mutated_lineage,
     raw_frame,
 )
-from .wire import Engine, WireError
+from .wire import Engine, WireError, raw_tag
 
 SOURCE_QUEUE = "fz.d1"
 CLEANUP_EVERY = 50
@@ -76,8 +76,7 @@ class _FakeReplica(_FakeBackup):
     def on_delivery(self, event: Any) -> None:
         delivery = event.delivery
         if not delivery.link.is_sender and delivery.readable and not delivery.partial:
-            tag = delivery.tag
-            tag = tag.encode() if isinstance(tag, str) else bytes(tag)
+            tag = raw_tag(delivery)
             if tag.startswith(b"b"):
                 try:
                     self.highest = max(self.highest, int(tag[1:]))

@@ -21,7 +21,7 @@ from proton import Delivery, Endpoint
 
 from hastandby.security.credentials import Credentials
 
-from .wire import Engine, Listener, server_engine
+from .wire import Engine, Listener, raw_tag, server_engine
 
 ACCEPT_TIMEOUT = 8.0  # seconds the node has to (re)connect before a case counts it as a hang
 
@@ -120,8 +120,7 @@ class _Handler:
     def on_delivery(self, event: Any) -> None:
         delivery = event.delivery
         link = delivery.link
-        tag = delivery.tag
-        tag = tag.encode() if isinstance(tag, str) else bytes(tag)
+        tag = raw_tag(delivery)
         if link.is_sender:
             if delivery.remote_state or delivery.settled:
                 self.served.outcomes[tag] = delivery.remote_state

@@ -49,7 +49,7 @@ from hastandby.browser.protocol import (
 from . import amqp, mutate, values
 from .base import FUZZ_QUEUE, REFERENCE_QUEUE, REPLY_QUEUE, CaseRecord, Kind
 from .checks import admin_request
-from .wire import Engine, WireError
+from .wire import Engine, WireError, raw_tag
 
 BROWSED_QUEUE = "fz.r1"
 CONFIG_QUEUE = "fz.rc"
@@ -109,8 +109,7 @@ class _FakeBackup:
             return
         if not delivery.readable or delivery.partial:
             return
-        tag = delivery.tag
-        tag = tag.encode() if isinstance(tag, str) else bytes(tag)
+        tag = raw_tag(delivery)
         link.recv(delivery.pending)
         link.advance()
         if tag.startswith(b"b"):

@@ -30,6 +30,14 @@ IO_CHUNK = 256 * 1024
 SEND_TIMEOUT = 3.0  # seconds a write may block (a node that stops reading)
 
 
+def raw_tag(delivery: Any) -> bytes:
+    """A delivery's tag as bytes, whatever they are (proton's ``Delivery.tag`` decodes them as UTF-8)."""
+    from cproton import ffi, lib
+
+    tag = lib.pn_delivery_tag(delivery._impl)
+    return b"" if tag.start == ffi.NULL or not tag.size else ffi.unpack(tag.start, tag.size)
+
+
 class WireError(Exception):
     """The peer refused the login, or the socket failed in a way the caller should know."""
 
