@@ -713,7 +713,9 @@ def acl_reload(broker: str) -> None:
 _PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []}
 BENCHMARKS = {"throughput": "benchmarks.throughput", "ha-throughput": "benchmarks.ha_throughput",
               "catchup": "benchmarks.catchup", "failover": "benchmarks.failover", "dr-lag": "benchmarks.dr_lag",
-              "nemesis": "benchmarks.nemesis"}
+              "nemesis": "benchmarks.nemesis",
+              "security": "benchmarks.security",
+              "overload": "benchmarks.overload"}
 
 
 def _run_module_main(module: str, argv: list[str]) -> None:
