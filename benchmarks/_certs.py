@@ -2,7 +2,7 @@
 
 Benchmarks must not import ``tests/``, so this is the part of
 ``tests/support/certs.py`` they need: a CA and a server certificate signed by
-it for ``localhost`` and ``127.0.0.1`` (subjectAltName), EC P-256 keys (quick
+it for ``localhost`` and ``127.0.0.1`` (subjectAltName; common name ``bench-node``), EC P-256 keys (quick
 to make), valid for two days.  Nodes serve it on ``--listen-tls`` and present
 it to their peers with ``--peer-tls``; clients trust the CA.
 """
@@ -16,6 +16,11 @@ from pathlib import Path
 SERVER_NAME = "localhost"
 """The name clients verify the server certificate against (python-qpid-proton and
 proton C check DNS names, not IP addresses)."""
+
+SUBJECT = "bench-node"
+"""The certificate's common name.  A node presents the certificate to its peers
+too (``--peer-tls``), and a peer that authenticates with EXTERNAL is the user
+of that name (``--no-password``, group ``cluster``): see ``benchmarks.security``."""
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,7 @@ def make_certificates(directory: Path) -> Certificates:
     ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes")
     _openssl("req", "-x509", *ec, "-days", "2", "-subj", "/CN=hastandby-bench-ca",
              "-keyout", "ca.key", "-out", "ca.pem", cwd=directory)
-    _openssl("req", *ec, "-subj", f"/CN={SERVER_NAME}", "-keyout", "server.key", "-out", "server.csr", cwd=directory)
+    _openssl("req", *ec, "-subj", f"/CN={SUBJECT}", "-keyout", "server.key", "-out", "server.csr", cwd=directory)
     (directory / "server.ext").write_text(f"subjectAltName=DNS:{SERVER_NAME},IP:127.0.0.1\n")
     _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
              "-out", "server.pem", "-extfile", "server.ext", "-days", "2", cwd=directory)
