@@ -47,8 +47,10 @@ within this one invocation:
     each here, against the C example broker as well).  p50/p99/max ms to
     the open, p50 of the whole cycle, and the node's CPU per connection.
 
-Nodes require authentication as in production (``_auth.py``); PLAIN and
-SCRAM both derive PBKDF2-SHA-256 of 4096 rounds on the node.  Prints a table
+Nodes require authentication as in production (``_auth.py``).  PLAIN makes
+the node derive PBKDF2-SHA-256 of 4096 rounds per connection (to check the
+password against the salted secret); SCRAM-SHA-256 leaves that to the
+client.  Prints a table
 per part and writes ``benchmarks/results/security-<UTC>.json`` (command line,
 host, the working tree's uncommitted node changes, every round's figures,
 medians, ratios, goals).  Exit code 1 if any figure failed.
