@@ -26,8 +26,10 @@ What counts in the log (``classify``), decided once for every kind:
     ``int('x')``, is a failure.
   - level ``critical``, or ``replication halted`` (the node gave up its role);
   - any line that is not JSON (an uncaught traceback on stderr, a thread's
-    exception, a C library's complaint): the node writes nothing else with
-    ``--log-format json``.
+    exception): the node writes nothing else with ``--log-format json``.
+    The exception is proton's C engine, which writes its own log lines to
+    stderr (``[0x...]: AMQP:WARNING:Peer advertised bad max-frame ...``):
+    those count by their level, as errors or refusals.
 - **error**: other ``error`` records (e.g. a DR replica's ``replication link
   failed`` after its source sent a bad lineage, an older primary's term
   refused as an ``illegal transition``): the node refused something and
@@ -61,6 +63,9 @@ REFUSAL_TYPES = {"ValueError", "CredentialsError", "BrokerError", "InvalidArgume
 FAILURE_EVENTS = {"replication halted"}
 REFUSAL_EVENTS = ("refused", "denied", "not authenticated", "resync", "failed", "error", "rejected", "diverged")
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
+# proton's C engine logs some of what peers do wrong to stderr itself, e.g.
+# "[0x55...]: AMQP:WARNING:Peer advertised bad max-frame (37), forcing to 512"
+_PROTON_LOG = re.compile(r"^\[0x[0-9a-f]+\]:\s*(\w+):(\w+):(.*)$")
 
 
 @dataclass
@@ -238,6 +243,13 @@ class FuzzNode:
         block: list[str] = []
         lines = self.new_lines()
         for index, line in enumerate([*lines, None]):
+            engine = _PROTON_LOG.match(line.strip()) if line is not None else None
+            if engine is not None and not block:
+                level = engine.group(2).upper()
+                verdict = "error" if level in ("ERROR", "CRITICAL") else "refusal"
+                found.append(LogFinding(verdict, f"proton {engine.group(1)} {level.lower()}: "
+                                                 f"{_variable_free(engine.group(3))}", line))
+                continue
             if line is not None and (line.strip() and not line.lstrip().startswith("{")
                                      or not line.strip() and block and index + 1 < len(lines)):
                 block.append(line)  # a traceback's lines, blank ones between its parts included

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from proton import Delivery, Endpoint, Message
+from proton import Delivery, Endpoint, Message, uint
 
 from benchmarks._auth import users
 from benchmarks.fuzz import amqp
@@ -115,6 +115,30 @@ def test_management_reply_to_that_is_not_utf8(standalone: FuzzNode) -> None:
                             id="fz").encode()).replace(b"fz.reply\x7f", b"fz.reply\xff")
     frames = [amqp.AMQP_HEADER, amqp.open_(), amqp.begin(), amqp.attach("fz-mgmt", 0, amqp.SENDER, "$management"),
               amqp.Wait(amqp.FLOW), amqp.transfer(0, 0, b"m", request), amqp.Wait(amqp.DISPOSITION), amqp.close()]
+    _after_login(standalone, serialise(frames))
+    _assert_clean(standalone)
+
+
+def test_flow_from_a_producer(standalone: FuzzNode) -> None:
+    """A producer's own flow frame for its sender link (legal: a sender sends flow to report
+    ``available``, to answer a drain, or when asked to echo): the driver hands PN_LINK_FLOW to the
+    link's endpoint, and IncomingLink has no ``flow()``: AttributeError, ``link endpoint failed``, and
+    the producer's link detached with amqp:internal-error."""
+    sender_flow = amqp.Frame(amqp.FLOW, [uint(0), uint(2**31 - 1), uint(0), uint(2**31 - 1), uint(0), uint(0),
+                                         uint(0), uint(5), False, False])
+    replies = _after_login(standalone, serialise([
+        amqp.AMQP_HEADER, amqp.open_(), amqp.begin(), amqp.attach("fz-sender", 0, amqp.SENDER, FUZZ_QUEUE),
+        amqp.Wait(amqp.FLOW), sender_flow, amqp.transfer(0, 0, b"0", amqp.message("after my flow")),
+        amqp.Wait(amqp.DISPOSITION), amqp.close()]))
+    assert not conditions(replies), conditions(replies)
+    _assert_clean(standalone)
+
+
+def test_empty_management_request(standalone: FuzzNode) -> None:
+    """A transfer with no payload to ``$management``: ``receive_whole`` reads None, and management.py
+    ``on_delivery`` takes ``len(None)``: TypeError, ``link endpoint failed``, the management link closed."""
+    frames = [amqp.AMQP_HEADER, amqp.open_(), amqp.begin(), amqp.attach("fz-mgmt", 0, amqp.SENDER, "$management"),
+              amqp.Wait(amqp.FLOW), amqp.transfer(0, 0, b"m", b""), amqp.Wait(amqp.DISPOSITION), amqp.close()]
     _after_login(standalone, serialise(frames))
     _assert_clean(standalone)
 
