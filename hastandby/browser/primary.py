@@ -55,7 +55,7 @@ from hastandby.broker.values import plain
 from hastandby.wiring.publisher import WiringPublisher
 
 from .guard import QueueGuard
-from .idset import IdSet
+from hastandby.broker.idset import IdSet
 from .protocol import (
     BACKUP_PROPERTY,
     IDS_PROPERTY,

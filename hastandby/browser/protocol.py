@@ -44,7 +44,7 @@ from proton import Message, symbol
 from hastandby.broker.links import receive_whole
 from hastandby.broker.values import plain
 
-from .idset import IdSet
+from hastandby.broker.idset import IdSet
 
 BACKUP_PROPERTY = symbol("qpid.ha-backup")
 ADMIN_PROPERTY = symbol("qpid.ha-admin")

@@ -37,7 +37,7 @@ from hastandby.broker.registry import Registry
 
 from .batching import BatchingLink
 from .guard import QueueGuard
-from .idset import IdSet
+from hastandby.broker.idset import IdSet
 from .protocol import DEQUEUE_TAG, encode_dequeues
 
 

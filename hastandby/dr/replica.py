@@ -43,7 +43,7 @@ from hastandby.broker.links import delivery_tag, take_payload
 from hastandby.broker.outbound import Address, Outbound
 from hastandby.broker.queue import Queue
 from hastandby.broker.registry import Registry
-from hastandby.browser.idset import IdSet
+from hastandby.broker.idset import IdSet
 from hastandby.browser.protocol import (
     DEQUEUE_TAG,
     IDS_PROPERTY,

@@ -39,7 +39,7 @@ from hastandby.broker.registry import INTERNAL, REPLICATE, Node, Registry
 from hastandby.broker.values import plain
 from hastandby.browser.batching import BatchingLink
 from hastandby.browser.guard import QueueGuard
-from hastandby.browser.idset import IdSet
+from hastandby.broker.idset import IdSet
 from hastandby.browser.protocol import (
     ADMIN_PROPERTY,
     BACKUP_PROPERTY,

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from hastandby.browser.idset import IdSet
+from hastandby.broker.idset import IdSet
 
 
 def random_ids(rng: random.Random, universe: int) -> set[int]:
