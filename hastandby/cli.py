@@ -184,6 +184,9 @@ def _etcd_settings(endpoints: str | None, ca_file: str | None, cert_file: str | 
 @click.option("--memory-high-watermark", metavar="SIZE|FRACTION",
               help="above this resident memory producers get no more credit until it falls below 80 % of it: "
                    "a size (256MB, 2GiB) or a fraction of RAM [default: 0.4]")
+@click.option("--journal-sync", type=click.Choice(["batch", "always", "off"]), default="batch", show_default=True,
+              help="with --data-dir, durable messages are journaled before they are acknowledged: one fsync per "
+                   "pass of events (batch), per message (always), or none (off) (docs/durability.md)")
 @click.option("--limit", "limits", multiple=True, metavar="NAME=VALUE",
               help="a resource limit, e.g. --limit connections=20000 (0: none); names and defaults in "
                    "docs/limits.md")
@@ -198,7 +201,7 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
           users_file: Path | None, allow_anonymous: bool, acl_file: Path | None, listen_tls: str | None,
           ssl_cert_file: Path | None, ssl_key_file: Path | None, ssl_ca_file: Path | None,
           ssl_require_client_cert: bool, peer_user: str | None, peer_password_file: Path | None,
-          memory_high_watermark: str | None, limits: tuple[str, ...], peer_tls: bool) -> None:
+          memory_high_watermark: str | None, journal_sync: str, limits: tuple[str, ...], peer_tls: bool) -> None:
     """Run a node until SIGINT/SIGTERM.  --listen none: no plain listener (TLS only)."""
     from . import logs
     from .dr.service import DisasterRecovery, config_store
@@ -239,6 +242,7 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
         peer_tls=peer_tls,
         memory_high_watermark=watermark,
         limits=_parse_limits(limits),
+        journal_sync=journal_sync,
     )
     if not config.listen and not config.listen_tls:
         raise click.UsageError("--listen none needs --listen-tls")

@@ -22,6 +22,7 @@ from . import __version__
 from .access import register_access_operations
 from .broker.authority import Authority
 from .broker.blocking import BlockingCalls
+from .broker.journal import Journal
 from .broker.limits import Limits
 from .broker.management import Management
 from .broker.memory import DEFAULT_FRACTION, LOW_FRACTION, SAMPLE_INTERVAL, total_ram
@@ -61,6 +62,7 @@ class NodeConfig:
     peer_tls: bool = False
     memory_high_watermark: int | None = None  # bytes; default DEFAULT_FRACTION of the machine's RAM
     limits: Limits = field(default_factory=Limits)
+    journal_sync: str = "batch"  # with --data-dir: durable messages are journaled (journal.py)
 
     @property
     def users_path(self) -> Path | None:
@@ -129,10 +131,15 @@ class Node:
         self.on_stop: list[Callable[[], None]] = []
         self._listeners: list[Any] = []
         self._stopping = False
+        self.journal: Journal | None = None
         if config.data_dir is not None:
             store = WiringStore(self.registry, config.data_dir)
             store.load()
             self.registry.observers.append(store)
+            self.journal = Journal(config.data_dir, self.node_id, self.registry, config.journal_sync,
+                                   self.driver.after_events, self.call_soon_threadsafe, self.schedule)
+            self.recovered = self.journal.recover()
+            self.journal.start()
 
     def _node_id(self) -> str:
         if self.config.node_id:
@@ -182,6 +189,7 @@ class Node:
             "anonymous": self.config.allow_anonymous,
             "acl": self.authority.policy.source,
             "memory": self.memory.describe(),
+            "journal": self._describe_journal(),
             "version": __version__,
             "pid": os.getpid(),
             "uptime": round(time.time() - self.started, 3),
@@ -191,6 +199,13 @@ class Node:
         for extra in self.status_extras:
             status.update(extra())
         return status
+
+    def _describe_journal(self) -> dict[str, Any] | None:
+        journal = self.journal
+        if journal is None:
+            return None
+        return {"sync": journal.sync, "term": journal.term, "writing": journal.full is None, "error": journal.full,
+                "recovered_messages": self.recovered.messages, "clean_shutdown": self.recovered.clean}
 
     # -- running -------------------------------------------------------------------
 
@@ -242,4 +257,6 @@ class Node:
 
     def _finish(self) -> None:
         self.blocking.close()
+        if self.journal is not None:
+            self.journal.close()  # what is buffered, then the clean-shutdown record
         self.driver.stop()

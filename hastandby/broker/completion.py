@@ -12,17 +12,32 @@ from typing import Any, Callable
 
 
 class Completion:
-    """A countdown that calls ``on_complete(token)`` once, when it reaches zero."""
+    """A countdown that calls ``on_complete(token)`` once, when it reaches zero.
 
-    __slots__ = ("_pending", "_on_complete", "token", "done")
+    A holder that cannot keep its promise (the journal could not write the
+    message) calls ``fail(error)`` instead: ``on_fail(token, error)`` runs at
+    once, and the countdown is over.
+    """
 
-    def __init__(self, on_complete: Callable[[Any], None], token: Any = None) -> None:
+    __slots__ = ("_pending", "_on_complete", "_on_fail", "token", "done")
+
+    def __init__(self, on_complete: Callable[[Any], None], token: Any = None,
+                 on_fail: Callable[[Any, Exception], None] | None = None) -> None:
         self._pending = 1
         self._on_complete: Callable[[Any], None] | None = on_complete
+        self._on_fail = on_fail
         self.token = token
         # A plain attribute, not a property: every guard reads it for every
         # replicated message.
         self.done = False
+
+    def fail(self, error: Exception) -> None:
+        if self._on_complete is None:
+            return
+        self._on_complete = None
+        self.done = True
+        if self._on_fail is not None:
+            self._on_fail(self.token, error)
 
     def hold(self) -> None:
         if self._on_complete is not None:

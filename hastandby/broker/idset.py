@@ -149,6 +149,11 @@ class IdSet:
         runs = ", ".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in self.ranges())
         return f"IdSet({runs})"
 
+    def copy(self) -> "IdSet":
+        result = IdSet()
+        result._bounds = self._bounds[:]
+        return result
+
     def below(self, limit: int | None) -> "IdSet":
         """The ids smaller than ``limit`` (all of them for None): what a lineage check still trusts."""
         result = IdSet()

@@ -265,7 +265,7 @@ class IncomingLink:
                 pass  # at-most-once: the sender asked for no outcome
             _pn_delivery_settle(delivery)
             return
-        completion = Completion(self._accept, delivery)
+        completion = Completion(self._accept, delivery, self._refused)
         try:
             self._route(data, completion)
         except BrokerError as error:
@@ -292,6 +292,12 @@ class IncomingLink:
             return  # fenced: no longer sure to be the only primary; left unsettled
         _pn_delivery_update(delivery, PN_ACCEPTED)
         _pn_delivery_settle(delivery)
+
+    def _refused(self, delivery: Any, error: Exception) -> None:
+        """A holder could not keep the message (the journal could not write it): the producer hears why."""
+        if self.closed:
+            return  # the link is gone; the sender will resend
+        _reject(delivery, error if isinstance(error, BrokerError) else BrokerError(str(error)))
 
     def _too_big(self, delivery: Any) -> None:
         lib.pn_delivery_settle(delivery)

@@ -84,7 +84,8 @@ class Queue:
         self.deleted = False
         self.ever_consumed = False
         self.next_id = 1
-        self.lineage: Lineage = ()
+        self._lineage: Lineage = ()
+        self.lineage_listeners: list[Callable[["Queue"], None]] = []  # the journal records each change
         self.depth = 0
         self.bytes = 0
         self.stats = {"enqueued": 0, "dequeued": 0, "expired": 0, "ring_dropped": 0, "rejected": 0}
@@ -105,6 +106,18 @@ class Queue:
         # browser.  With a consumer, everything is dispatched at once as before.
         self.defer_browse: Callable[[Callable[[], None]], None] | None = None
         self._browse_deferred = False
+
+    @property
+    def lineage(self) -> Lineage:
+        """Which primaries gave out this queue's ids (``lineage.py``); HA and DR set it."""
+        return self._lineage
+
+    @lineage.setter
+    def lineage(self, value: Lineage) -> None:
+        if value != self._lineage:
+            self._lineage = value
+            for listener in self.lineage_listeners:
+                listener(self)
 
     # -- observers -------------------------------------------------------
 

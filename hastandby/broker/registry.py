@@ -119,6 +119,8 @@ class Registry:
         self.observers: list[RegistryObserver] = []
         self.read_only: dict[str, str] = {}  # queue name -> why producers are refused (a DR replica)
         self.auto_created: set[str] = set()  # queues made by attaching to an unknown address (limits.py)
+        # Asked before a message is enqueued anywhere; may refuse it (the journal when it cannot write).
+        self.admission_checks: list[Callable[[list[Queue], bytes], None]] = []
         self._schedule = scheduler
         for name, kind in BUILTIN_EXCHANGES.items():
             self.exchanges[name] = Exchange(name, kind, builtin=True)
@@ -358,6 +360,8 @@ class Registry:
                     raise NotAllowed(reason)
         for queue in queues:
             queue.check_capacity(len(data))
+        for check in self.admission_checks:
+            check(queues, data)
         ttl = sections.header_ttl(data)
         for queue in queues:
             queue.enqueue(data, completion, ttl)

@@ -88,6 +88,14 @@ def header_ttl(buf: bytes) -> int | None:
     return int(ttl) if ttl else None
 
 
+def header_durable(buf: bytes) -> bool:
+    """The header's ``durable`` flag (False without a header); cheap when there is no header."""
+    if not buf.startswith(HEADER_PREFIX) or buf[3] == _EMPTY_LIST:
+        return False
+    fields = _section_value(buf, HEADER) or []
+    return bool(fields[0]) if fields else False
+
+
 def properties(buf: bytes) -> list:
     """The properties section's fields (message-id, user-id, to, subject, ...)."""
     return _section_value(buf, PROPERTIES) or []

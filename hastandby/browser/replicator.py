@@ -21,10 +21,11 @@ from proton import Link, Session, Terminus
 import structlog
 
 from hastandby.broker import lineage, sections
+from hastandby.broker.completion import Completion
 from hastandby.broker.links import delivery_tag, take_payload
 from hastandby.broker.queue import Queue
 
-from .idset import IdSet
+from hastandby.broker.idset import IdSet
 from .protocol import (
     DEQUEUE_TAG,
     IDS_PROPERTY,
@@ -110,11 +111,9 @@ class QueueReplicator:
         tag = delivery_tag(delivery)
         if tag.startswith(DEQUEUE_TAG):
             self._dequeue(data)
+            self._accept(delivery)
         else:
-            self._enqueue_batch(data)
-        if not _pn_delivery_settled(delivery):
-            _pn_delivery_update(delivery, PN_ACCEPTED)
-        _pn_delivery_settle(delivery)
+            self._enqueue_batch(data, delivery)
         # Each delivery took one credit: count them here instead of asking the
         # engine every time, and top up once half the window is used.
         self._unflowed += 1
@@ -122,14 +121,31 @@ class QueueReplicator:
             lib.pn_link_flow(impl, self._unflowed)
             self._unflowed = 0
 
-    def _enqueue_batch(self, data: bytes) -> None:
+    def _enqueue_batch(self, data: bytes, delivery: Any) -> None:
+        """Store a batch; it is accepted once every message is on the replica for good (one completion:
+        the journal holds it until durable messages are on disk, else it completes at once)."""
         ids, payloads = decode_batch(data)
+        completion = Completion(self._accept, delivery, self._not_stored)
         enqueue = self.queue.enqueue
         header_ttl, header_prefix = sections.header_ttl, sections.HEADER_PREFIX
         for msg_id, payload in zip(ids, payloads):
             ttl = header_ttl(payload) if payload.startswith(header_prefix) else None
-            enqueue(payload, None, ttl, msg_id=msg_id)
+            enqueue(payload, completion, ttl, msg_id=msg_id)
         self.received += len(ids)
+        completion.release()
+
+    def _accept(self, delivery: Any) -> None:
+        if self.closed:
+            return  # the link is gone: the primary sends the batch again to the next one
+        if not _pn_delivery_settled(delivery):
+            _pn_delivery_update(delivery, PN_ACCEPTED)
+        _pn_delivery_settle(delivery)
+
+    def _not_stored(self, delivery: Any, error: Exception) -> None:
+        """The journal could not write the batch: never accept it; the link goes, the primary stops counting on us."""
+        log.error("replica could not store a batch: leaving the primary's link", queue=self.queue.name,
+                  error=str(error))
+        self.fail(error)
 
     def _dequeue(self, data: bytes) -> None:
         self.dequeued += self.queue.dequeue_ranges(decode_dequeues(data).ranges(), "replicated")

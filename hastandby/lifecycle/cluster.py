@@ -81,6 +81,20 @@ class Leader:
 
 
 @dataclass(frozen=True)
+class Store:
+    """What a node says of its messages, for a whole-cluster restart.
+
+    ``journal``: it keeps durable messages on disk (``broker/journal.py``).
+    ``holds_data``: it holds what it replicated or served, either because it
+    has been past ``connecting`` since it started or because its journal
+    brought back a store it had as a member of this cluster.
+    """
+
+    journal: bool = False
+    holds_data: bool = False
+
+
+@dataclass(frozen=True)
 class Member:
     """A node as it published itself."""
 
@@ -88,6 +102,7 @@ class Member:
     url: str
     state: State
     detail: Detail | None = None
+    store: Store = Store()
 
 
 @dataclass(frozen=True)
@@ -169,16 +184,19 @@ def decode_leader(value: bytes, term: int) -> Leader:
     return Leader(_text(fields, "node_id", "leader key"), _text(fields, "url", "leader key"), term)
 
 
-def encode_member(url: str, status: NodeStatus) -> bytes:
-    return _encode({"url": url, "state": status.state.value, "detail": status.detail})
+def encode_member(url: str, status: NodeStatus, store: Store = Store()) -> bytes:
+    return json.dumps({"url": url, "state": status.state.value, "detail": status.detail,
+                       "journal": store.journal, "holds_data": store.holds_data},
+                      sort_keys=True, separators=(",", ":")).encode()
 
 
 def decode_member(node_id: str, value: bytes) -> Member:
     what = f"member {node_id}"
     fields = _decode(value, what)
     url, state, detail = _text(fields, "url", what), _text(fields, "state", what), fields.get("detail")
+    store = Store(bool(fields.get("journal", False)), bool(fields.get("holds_data", False)))
     try:
-        return Member(node_id, url, State(state), Detail(detail) if detail else None)
+        return Member(node_id, url, State(state), Detail(detail) if detail else None, store)
     except ValueError as error:
         raise ValueError(f"{what}: {error}") from error
 

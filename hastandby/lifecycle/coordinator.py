@@ -63,6 +63,7 @@ from hastandby.lifecycle.cluster import (
     ClusterSnapshot,
     Leader,
     Member,
+    Store,
     SyncSet,
     decode_handover,
     decode_leader,
@@ -132,8 +133,8 @@ class Coordinator(Protocol):
         """Seconds after the last confirmed refresh at which the lease counts as lost."""
         ...
 
-    def publish_status(self, status: NodeStatus) -> None:
-        """Write this node's member key (url and state) under its lease,
+    def publish_status(self, status: NodeStatus, store: Store = Store()) -> None:
+        """Write this node's member key (url, state and store) under its lease,
         taking a fresh lease first if there is none."""
         ...
 
@@ -381,8 +382,8 @@ class EtcdCoordinator:
 
     # -- membership, election, handover -------------------------------------
 
-    def publish_status(self, status: NodeStatus) -> None:
-        value = encode_member(self.url, status)
+    def publish_status(self, status: NodeStatus, store: Store = Store()) -> None:
+        value = encode_member(self.url, status, store)
         lease = self._ensure_lease()
         try:
             with _etcd():

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hastandby.lifecycle.cluster import ClusterSnapshot, Leader
+from hastandby.lifecycle.cluster import ClusterSnapshot, Leader, Store
 from hastandby.lifecycle.states import Event, NodeStatus, State
 
 
@@ -126,6 +126,7 @@ def decide(
     lease_confirmed: bool,
     following: Leader | None = None,
     sync_wanted: frozenset[str] | None = None,
+    store: Store = Store(),
 ) -> Decision:
     """The one thing node ``me`` should do now.
 
@@ -133,26 +134,29 @@ def decide(
     ``lease_confirmed`` is ``Coordinator.lease_confirmed_within(safe age)``.
     ``following`` is the leader the node's replication currently points at.
     ``sync_wanted`` is, on a primary, the sync set its replication wants.
+    ``store`` is what the node says of its messages in its member key.
     """
     if status.state not in _CLUSTER_STATES:
         raise ValueError(f"decide() is for cluster members, not a {status.state} node")
     if status.state is State.PRIMARY:
-        return _decide_as_primary(me, status, snapshot, lease_confirmed, sync_wanted)
-    return _decide_as_non_primary(me, status, snapshot, lease_confirmed, following)
+        return _decide_as_primary(me, status, snapshot, lease_confirmed, sync_wanted, store)
+    return _decide_as_non_primary(me, status, snapshot, lease_confirmed, following, store)
 
 
-def _member_outdated(me: str, status: NodeStatus, snapshot: ClusterSnapshot) -> str | None:
+def _member_outdated(me: str, status: NodeStatus, snapshot: ClusterSnapshot, store: Store) -> str | None:
     published = snapshot.member(me)
     if published is None:
         return "member key missing"
     if (published.state, published.detail) != status.phase:
         return f"member key says {published.state}, node is {status.state}"
+    if published.store != store:
+        return "member key's store is out of date"
     return None
 
 
 def _decide_as_primary(
     me: str, status: NodeStatus, snapshot: ClusterSnapshot | None, lease_confirmed: bool,
-    sync_wanted: frozenset[str] | None,
+    sync_wanted: frozenset[str] | None, store: Store,
 ) -> Decision:
     if not lease_confirmed:
         return StepDown(Event.LOST_LEASE, "lease not confirmed within the safe age")
@@ -174,7 +178,7 @@ def _decide_as_primary(
             return StepDown(Event.DEMOTED, f"handing over to {target}")
     if sync_wanted is not None and (snapshot.sync is None or snapshot.sync.members != sync_wanted):
         return UpdateSync(sync_wanted, f"sync set should be {sorted(sync_wanted)}")
-    outdated = _member_outdated(me, status, snapshot)
+    outdated = _member_outdated(me, status, snapshot, store)
     if outdated:
         return PublishMember(outdated)
     if target is not None:
@@ -188,10 +192,11 @@ def _decide_as_non_primary(
     snapshot: ClusterSnapshot | None,
     lease_confirmed: bool,
     following: Leader | None,
+    store: Store,
 ) -> Decision:
     if snapshot is None:
         return Stay("etcd unreadable")
-    outdated = _member_outdated(me, status, snapshot)
+    outdated = _member_outdated(me, status, snapshot, store)
     if outdated:
         return PublishMember(outdated)
     leader = snapshot.leader
@@ -216,12 +221,35 @@ def _decide_as_non_primary(
         return Campaign(False, "no leader and I am a caught-up backup in the sync set",
                         frozenset({me}) | expected, revision)
     if status.state is State.CONNECTING and snapshot.every_member_connecting():
-        holders = {m.node_id for m in snapshot.members if m.node_id != me and snapshot.sync is not None
-                   and m.node_id in snapshot.sync.members}
-        if holders and not snapshot.in_sync(me):
-            return Stay(f"no leader; {', '.join(sorted(holders))} may hold acknowledged messages: "
-                        "waiting for a sync member to win")
+        waiting = _waiting_for_a_store(me, snapshot)
+        if waiting:
+            return Stay(waiting)
         return Campaign(True, "no leader and every member is connecting: new cluster", frozenset({me}), revision)
     if status.state is State.CATCHUP:
         return Stay("no leader; still catching up, not eligible")
     return Stay("no leader; waiting for a caught-up backup to win")
+
+
+def _waiting_for_a_store(me: str, snapshot: ClusterSnapshot) -> str | None:
+    """Why node ``me`` may not start a cluster of connecting nodes now (None: it may).
+
+    The sync set says who held every acknowledged message.  Its members that
+    are here and hold data start the cluster, any one of them.  If none is
+    here, one that is absent may hold the latest store: when the cluster keeps
+    journals, everyone waits for it (an operator may start without it,
+    ``hastandby promote --force``); without journals nothing survived a
+    restart, and any node may start.
+    """
+    sync = snapshot.sync
+    if sync is None:
+        return None
+    holders = {m.node_id for m in snapshot.members if m.node_id in sync.members and m.store.holds_data}
+    if holders:
+        if me in holders:
+            return None
+        return f"no leader; waiting for a sync member holding data to start the cluster ({', '.join(sorted(holders))})"
+    absent = sync.members - {m.node_id for m in snapshot.members}
+    if absent and any(m.store.journal for m in snapshot.members):
+        return (f"no leader; {', '.join(sorted(absent))} may hold the latest store: waiting for it "
+                "(hastandby promote --force starts without it, and loses what only it holds)")
+    return None

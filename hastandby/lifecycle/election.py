@@ -23,7 +23,7 @@ from typing import Any, Callable, Protocol
 
 import structlog
 
-from .cluster import ClusterSnapshot, Leader
+from .cluster import ClusterSnapshot, Leader, Store
 from .coordinator import Coordinator, CoordinatorError, CoordinatorEvent
 from .decide import (
     Campaign,
@@ -52,6 +52,8 @@ class ElectedNode(Protocol):
     leader: Leader | None
     #: On a primary, the sync set its replication wants (``cluster.py``); None otherwise.
     sync_wanted: frozenset[str] | None
+    #: What the node says of its messages in its member key (``cluster.Store``).
+    store: Store
 
     def call_soon_threadsafe(self, fn: Callable[[], None]) -> None: ...
 
@@ -156,6 +158,7 @@ class ElectionLoop:
             coordinator.lease_confirmed_within(coordinator.safe_lease_age),
             self.node.leader,
             self.node.sync_wanted,
+            self.node.store,
         )
         self._act(decision, status)
 
@@ -165,7 +168,8 @@ class ElectionLoop:
         if not isinstance(decision, (PublishMember, Stay)):
             log.info("election decision", decision=type(decision).__name__, reason=decision.reason)
         if isinstance(decision, PublishMember):
-            self._guarded(lambda: coordinator.publish_status(status))
+            store = node.store
+            self._guarded(lambda: coordinator.publish_status(status, store))
         elif isinstance(decision, Campaign):
             term = self._guarded(lambda: coordinator.campaign(decision.sync, decision.sync_revision))
             if term:

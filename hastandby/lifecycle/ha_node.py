@@ -36,7 +36,7 @@ from hastandby.broker.authority import principal_of
 from hastandby.client import Login, ManagementClient, ManagementError
 from hastandby.node import Node, split_hostport
 
-from .cluster import Leader
+from .cluster import Leader, Store
 from .coordinator import CoordinatorEvent, EtcdCoordinator, EtcdSettings
 from .election import ElectionLoop
 from .states import (
@@ -95,6 +95,8 @@ class HaNode:
         self.leader: Leader | None = None
         self.primary: PrimaryReplication | None = None
         self._expected_sync: frozenset[str] = frozenset()  # the sync members an election was won with
+        # It holds data: its journal brought back a store of this cluster, or it has been past connecting.
+        self._holds_data = node.journal is not None and node.journal.term > 0
         self.backup = BackupReplication(
             node.registry,
             node.driver,
@@ -175,6 +177,12 @@ class HaNode:
         return [address for address in self.addresses if address not in own]
 
     @property
+    def store(self) -> Store:
+        """What this node says of its messages (cluster.Store), for a whole-cluster restart's election."""
+        journal = self.node.journal
+        return Store(journal is not None, self._holds_data)
+
+    @property
     def sync_wanted(self) -> frozenset[str] | None:
         """The sync set this primary's replication wants in etcd (read by the election thread)."""
         primary = self.primary
@@ -208,6 +216,10 @@ class HaNode:
             return False
         self.status = transition.status
         self.node.state = str(self.status.state)
+        if self.status.state in (State.CATCHUP, State.BACKUP, State.PRIMARY):
+            self._holds_data = True
+        if self.node.journal is not None:
+            self.node.journal.term_seen(self.status.term)
         if transition.changed:
             log.info("state change", previous=str(transition.previous), now=str(self.status), trigger=str(event))
         for action in transition.actions:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hastandby.lifecycle.cluster import ClusterSnapshot, Leader, Member, SyncSet
+from hastandby.lifecycle.cluster import ClusterSnapshot, Leader, Member, Store, SyncSet
 from hastandby.lifecycle.decide import (
     Campaign,
     ClearHandover,
@@ -258,13 +258,17 @@ def test_without_a_sync_key_a_campaign_writes_one() -> None:
     assert isinstance(decision, Campaign) and decision.sync == frozenset({ME}) and decision.sync_revision == 0
 
 
+def holding(node_id: str, journal: bool = False) -> Member:
+    return Member(node_id, f"amqp://{node_id}", State.CONNECTING, None, Store(journal, holds_data=True))
+
+
 def test_a_new_cluster_waits_for_a_connecting_sync_member() -> None:
     """Every member connecting, but n2 was in the sync set: a primary that stepped down, holding data."""
-    members = [member(n, State.CONNECTING) for n in (ME, "n2", "n3")]
+    members = [member(ME, State.CONNECTING), holding("n2"), member("n3", State.CONNECTING)]
     cluster = snapshot(*members, sync=sync_of("n2"))
     decision = decide(ME, CONNECTING, cluster, lease_confirmed=True)
     assert isinstance(decision, Stay) and "n2" in decision.reason
-    decision = decide("n2", CONNECTING, cluster, lease_confirmed=True)
+    decision = decide("n2", CONNECTING, cluster, lease_confirmed=True, store=Store(holds_data=True))
     assert isinstance(decision, Campaign) and decision.new_cluster and decision.sync == frozenset({"n2"})
 
 
@@ -294,3 +298,35 @@ def test_no_handover_to_a_backup_outside_the_sync_set() -> None:
                        sync=sync_of(ME))
     decision = decide(ME, ACTIVE, cluster, lease_confirmed=True, sync_wanted=frozenset({ME}))
     assert isinstance(decision, Stay) and "sync set" in decision.reason
+
+
+def test_after_a_whole_cluster_restart_a_sync_member_whose_journal_holds_data_starts_it() -> None:
+    members = [Member(ME, "amqp://n1", State.CONNECTING, None, Store(journal=True)), holding("n2", journal=True),
+               holding("n3", journal=True)]
+    cluster = snapshot(*members, sync=sync_of("n2", "n3"))
+    mine = Store(journal=True)
+    assert isinstance(decide(ME, CONNECTING, cluster, lease_confirmed=True, store=mine), Stay)  # n1: not in sync
+    for node in ("n2", "n3"):
+        assert isinstance(decide(node, CONNECTING, cluster, lease_confirmed=True, store=Store(True, True)), Campaign)
+
+
+def test_with_journals_everyone_waits_for_an_absent_sync_member() -> None:
+    """n3 held every acknowledged message and is not back: starting without it could lose them."""
+    members = [Member(n, f"amqp://{n}", State.CONNECTING, None, Store(journal=True)) for n in (ME, "n2")]
+    decision = decide(ME, CONNECTING, snapshot(*members, sync=sync_of("n3")), lease_confirmed=True,
+                      store=Store(journal=True))
+    assert isinstance(decision, Stay) and "n3 may hold the latest store" in decision.reason
+    assert "promote --force" in decision.reason
+
+
+def test_without_journals_a_restarted_cluster_starts_anywhere() -> None:
+    """Nothing survived the restart (messages lived in memory): there is nothing to wait for."""
+    members = [member(n, State.CONNECTING) for n in (ME, "n2")]
+    decision = decide(ME, CONNECTING, snapshot(*members, sync=sync_of("n3")), lease_confirmed=True)
+    assert isinstance(decision, Campaign) and decision.new_cluster
+
+
+def test_a_store_that_changed_is_published() -> None:
+    cluster = snapshot(member(ME, State.BACKUP), leader=leader("n2"))
+    decision = decide(ME, BACKUP, cluster, lease_confirmed=True, store=Store(journal=True, holds_data=True))
+    assert isinstance(decision, PublishMember) and "store" in decision.reason

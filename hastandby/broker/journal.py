@@ -1,0 +1,435 @@
+"""The journal: durable messages on disk before anyone is told they are safe.
+
+A message is *durable* when its header says ``durable=true`` and it goes to
+a queue declared durable.  The journal (``<data-dir>/journal``, records in
+``journal_format.py``) follows every durable queue as an observer:
+
+- an enqueue of a durable message appends a record and *holds* the message's
+  completion, so a producer hears ``accepted`` (and an HA backup accepts the
+  batch it came in) only once the record is on disk;
+- the records of one pass of the event loop go to disk together, one write
+  and one fsync on the writer thread (group commit), and the completions are
+  released back on the reactor thread; the reactor never waits for the disk;
+- dequeues of journaled messages, lineage changes (``lineage.py``) and the
+  highest term seen are appended in order with them, without holding anyone.
+
+``--journal-sync``: ``batch`` (the default) as above; ``always`` writes and
+fsyncs each message on its own (an fsync per message: safest for a single
+message, slowest); ``off`` writes without fsync and holds nothing (a crash of
+the machine may lose what the OS had not written yet; a crash of the process
+alone loses nothing).
+
+At start the node reads the journal back (``recover``): the durable queues
+(declared again from the durable wiring, under their uuids) get their
+messages under their replication ids and their lineage, so a restarted
+backup offers what it holds and catches up incrementally.  A torn or corrupt
+tail is cut off at the last whole record, with a log line.  The file is then
+rewritten with only the live messages (compaction), and again in the
+background whenever it has grown past ``COMPACT_FACTOR`` times the live data
+(at least ``COMPACT_MIN`` bytes).
+
+A failed write (a full disk) fails the held messages: their producers get
+``amqp:resource-limit-exceeded`` and the messages leave the queues, since
+nothing may be acknowledged that is not on disk; until a write succeeds
+again, durable messages for durable queues are refused at once.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import queue as queues
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import structlog
+
+from . import journal_format as jf
+from . import lineage as lineages
+from . import sections
+from .completion import Completion
+from .errors import ResourceLimitExceeded
+from .exchange import Binding
+from .idset import IdSet
+from .queue import Queue
+from .registry import Node, Registry
+
+log = structlog.get_logger("hastandby.journal")
+
+SYNC_MODES = ("batch", "always", "off")
+COMPACT_FACTOR = 3  # the file is rewritten once it holds this many times the live data ...
+COMPACT_MIN = 64 << 20  # ... and at least this many bytes
+PROBE_INTERVAL = 1.0  # seconds between write attempts while the disk is full
+
+
+@dataclass
+class Recovered:
+    """What the journal held at start."""
+
+    messages: int = 0
+    queues: int = 0
+    orphans: int = 0  # messages of queues the durable wiring no longer has
+    term: int = 0  # the highest term recorded
+    clean: bool = False  # the last run ended with a clean shutdown
+    torn_bytes: int = 0  # cut off the end (a crash in the middle of a write, or damage)
+
+
+@dataclass
+class _Job:
+    data: bytes
+    held: list[tuple[Completion, Queue, int]] = field(default_factory=list)
+    compact: "Callable[[], bytes] | None" = None  # builds a whole new file on the writer thread
+    size: int = 0  # the file's size after this job (set by the writer)
+
+
+Snapshot = list[tuple[int, str, str, list[Any], Any, list[Any], IdSet]]
+"""Per journaled queue: number, uuid, name, lineage (wire form), ids and payloads (copies), journaled ids."""
+
+
+class Journal:
+    """The durable-message journal of one node (see the module docstring).
+
+    Reactor thread: the queue and registry observer methods, ``admit``,
+    ``term_seen`` and the flushes; they only append to a buffer.  Writer
+    thread: ``_write_loop``, which writes, fsyncs and hands each job back
+    with ``call_soon_threadsafe``.
+    """
+
+    def __init__(self, directory: Path, node_id: str, registry: Registry, sync: str,
+                 after_events: Callable[[Callable[[], None]], None],
+                 call_soon_threadsafe: Callable[[Callable[[], None]], None],
+                 schedule: Callable[[float, Callable[[], None]], Any]) -> None:
+        if sync not in SYNC_MODES:
+            raise ValueError(f"journal sync must be one of {', '.join(SYNC_MODES)}, not {sync!r}")
+        self.path = Path(directory) / "journal"
+        self.node_id = node_id
+        self.registry = registry
+        self.sync = sync
+        self._after_events = after_events
+        self._call_soon_threadsafe = call_soon_threadsafe
+        self._schedule = schedule
+        self.term = 0
+        self.full: str | None = None  # why writing failed; durable messages are refused meanwhile
+        self._numbers: dict[str, int] = {}  # queue uuid -> its number in the file (kept across compactions)
+        self._journaled: dict[Queue, IdSet] = {}  # the durable queues followed, and their ids on disk
+        self._buffer = bytearray()
+        self._dequeue_run: tuple[Queue, int, int] | None = None  # consecutive dequeues become one record
+        self._held: list[tuple[Completion, Queue, int]] = []
+        self._flush_pending = False
+        self._written = 0  # bytes in the file
+        self._compacting = False
+        self._jobs: queues.SimpleQueue[_Job | None] = queues.SimpleQueue()
+        self._fd: int | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- start and stop --------------------------------------------------------------------------
+
+    def recover(self) -> Recovered:
+        """Read the journal into the durable queues (declared already), then rewrite it compacted.
+
+        Runs before the node serves anyone; nothing else touches the queues yet.
+        """
+        report = Recovered()
+        uuids: dict[int, str] = {}
+        held: dict[str, dict[int, bytes]] = {}
+        lineage_of: dict[str, list[Any]] = {}
+        result = jf.Read()
+        if self.path.exists():
+            with open(self.path, "rb") as stream:
+                for kind, body in jf.read_records(stream, result):
+                    report.clean = kind == jf.CLOSE
+                    if kind in (jf.OPEN, jf.TERM):
+                        report.term = max(report.term, int(body.get("term", 0)))
+                    elif kind == jf.QUEUE:
+                        uuids[body[0]] = str(body[1]["uuid"])
+                    elif kind == jf.ENQUEUE:
+                        number, msg_id, payload = body
+                        held.setdefault(uuids.get(number, ""), {})[msg_id] = payload
+                    elif kind == jf.DEQUEUE:
+                        _remove(held.get(uuids.get(body[0], ""), {}), body[1])
+                    elif kind == jf.LINEAGE:
+                        lineage_of[uuids.get(body[0], "")] = body[1]
+            report.torn_bytes = self.path.stat().st_size - result.valid_bytes
+            if result.torn:
+                log.warning("journal tail cut off: a crash in the middle of a write, or damage",
+                            path=str(self.path), kept_bytes=result.valid_bytes, cut_bytes=report.torn_bytes)
+        by_uuid = {q.uuid: q for q in self.registry.queues.values() if q.settings.durable}
+        for uuid, wire in lineage_of.items():
+            queue = by_uuid.get(uuid)
+            if queue is not None:
+                queue.lineage = lineages.from_wire(wire)
+        for uuid, messages in held.items():
+            queue = by_uuid.get(uuid)
+            if queue is None:
+                report.orphans += len(messages)
+                continue
+            journaled = self._journaled.setdefault(queue, IdSet())
+            for msg_id in sorted(messages):
+                payload = messages[msg_id]
+                ttl = sections.header_ttl(payload) if payload.startswith(sections.HEADER_PREFIX) else None
+                queue.enqueue(payload, None, ttl, msg_id=msg_id)
+                journaled.add(msg_id)
+            report.messages += len(messages)
+            report.queues += 1
+        self.term = report.term
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._replace_file(self._encode(self._snapshot()))
+        self._buffer.clear()
+        self._written = self.path.stat().st_size
+        log.info("journal recovered", path=str(self.path), messages=report.messages, queues=report.queues,
+                 term=report.term, clean_shutdown=report.clean, orphans=report.orphans)
+        return report
+
+    def start(self) -> None:
+        """Follow the durable queues and start the writer thread (after ``recover``)."""
+        self.registry.observers.append(self)
+        self.registry.admission_checks.append(self.admit)
+        for queue in list(self.registry.queues.values()):
+            self._follow(queue)
+        self._thread = threading.Thread(target=self._write_loop, name="hastandby-journal", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """A clean shutdown: what is buffered, then the CLOSE record, on disk before this returns."""
+        if self._thread is None:
+            return
+        self._add(jf.close_record())
+        self._flush()
+        self._jobs.put(None)
+        self._thread.join(30)
+        self._thread = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    # -- following the queues (reactor thread) ------------------------------------------------
+
+    def _follow(self, queue: Queue) -> None:
+        if not queue.settings.durable or self in queue.observers:
+            return
+        queue.add_observer(self)
+        queue.lineage_listeners.append(self._lineage_changed)
+        self._journaled.setdefault(queue, IdSet())
+
+    def _number(self, queue: Queue) -> int:
+        number = self._numbers.get(queue.uuid)
+        if number is None:
+            number = self._numbers[queue.uuid] = len(self._numbers) + 1
+            self._add(jf.queue_record(number, queue.uuid, queue.name))
+        return number
+
+    def _add(self, record: bytes) -> None:
+        """Append a record, after the run of dequeues before it: records keep their order."""
+        self._end_dequeue_run()
+        self._buffer += record
+
+    def _end_dequeue_run(self) -> None:
+        run, self._dequeue_run = self._dequeue_run, None
+        if run is not None:
+            self._buffer += jf.dequeue_record(self._number(run[0]), [(run[1], run[2])])
+
+    def admit(self, targets: list[Queue], data: bytes) -> None:
+        """Before routing: while writes fail, a durable message for a durable queue is refused at once."""
+        if self.full is not None and any(q.settings.durable for q in targets) and sections.header_durable(data):
+            raise ResourceLimitExceeded(f"the journal cannot write ({self.full}): durable messages are refused")
+
+    def enqueued(self, queue: Queue, msg_id: int, data: bytes, completion: Completion | None) -> None:
+        if not data.startswith(sections.HEADER_PREFIX) or not sections.header_durable(data):
+            return
+        self._add(jf.enqueue_record(self._number(queue), msg_id, data))
+        self._journaled[queue].add(msg_id)
+        if completion is not None and self.sync != "off" and not completion.done:
+            completion.hold()
+            self._held.append((completion, queue, msg_id))
+        if self.sync == "always":
+            self._flush()
+        else:
+            self._flush_soon()
+
+    def acquired(self, queue: Queue, msg_id: int) -> None:
+        pass
+
+    def released(self, queue: Queue, msg_id: int) -> None:
+        pass
+
+    def dequeued(self, queue: Queue, msg_id: int, reason: str) -> None:
+        journaled = self._journaled.get(queue)
+        if journaled is None or msg_id not in journaled:
+            return
+        journaled.discard(msg_id)
+        run = self._dequeue_run
+        if run is not None and run[0] is queue and run[2] + 1 == msg_id:
+            self._dequeue_run = (queue, run[1], msg_id)
+        else:
+            self._end_dequeue_run()
+            self._dequeue_run = (queue, msg_id, msg_id)
+        self._flush_soon()
+
+    def _lineage_changed(self, queue: Queue) -> None:
+        self._add(jf.lineage_record(self._number(queue), lineages.to_wire(queue.lineage)))
+        self._flush_soon()
+
+    def term_seen(self, term: int) -> None:
+        """The node saw a newer term (it won it, or follows its primary)."""
+        if term > self.term:
+            self.term = term
+            self._add(jf.term_record(term))
+            self._flush_soon()
+
+    # -- RegistryObserver: durable queues come and go ------------------------------------------
+
+    def created(self, obj: Node) -> None:
+        if isinstance(obj, Queue):
+            self._follow(obj)
+
+    def deleted(self, obj: Node) -> None:
+        if isinstance(obj, Queue):
+            self._journaled.pop(obj, None)  # its records are ignored at recovery: the wiring no longer has it
+
+    def bound(self, binding: Binding) -> None:
+        pass
+
+    def unbound(self, binding: Binding) -> None:
+        pass
+
+    # -- writing ------------------------------------------------------------------------------------
+
+    def _flush_soon(self) -> None:
+        if not self._flush_pending:
+            self._flush_pending = True
+            self._after_events(self._flush)
+
+    def _flush(self) -> None:
+        """One pass of events' records to the writer thread, with the completions waiting on them."""
+        self._flush_pending = False
+        self._end_dequeue_run()
+        if not self._buffer:
+            return
+        self._jobs.put(_Job(bytes(self._buffer), self._held))
+        self._buffer = bytearray()
+        self._held = []
+        if not self._compacting and self._written > max(COMPACT_MIN, COMPACT_FACTOR * self._live_bytes()):
+            self._compact()
+
+    def _live_bytes(self) -> int:
+        return sum(q.bytes for q in self._journaled)
+
+    def _write_loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            error: OSError | None = None
+            try:
+                if job.compact is not None:
+                    self._replace_file(job.compact())
+                else:
+                    self._append(job.data)
+                job.size = os.fstat(self._fd).st_size if self._fd is not None else 0
+            except OSError as failure:
+                error = failure
+            self._call_soon_threadsafe(lambda job=job, error=error: self._done(job, error))
+
+    def _append(self, data: bytes) -> None:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view):]
+        if self.sync != "off":
+            os.fsync(self._fd)
+
+    def _done(self, job: _Job, error: OSError | None) -> None:
+        """Back on the reactor: release (or fail) what waited for this write."""
+        if job.compact is not None:
+            self._compacting = False
+            if error is None:
+                log.info("journal compacted", file_bytes=job.size)
+        if error is None:
+            self._written = job.size
+            if self.full is not None:
+                log.info("journal writes again: durable messages are taken again")
+                self.full = None
+            for completion, _, _ in job.held:
+                completion.release()
+            return
+        reason = os.strerror(error.errno) if error.errno else str(error)
+        if self.full is None:
+            log.error("journal write failed: durable messages are refused until it works again",
+                      error=reason, disk_full=error.errno == errno.ENOSPC)
+            self._schedule(PROBE_INTERVAL, self._probe)
+        self.full = reason
+        failure = ResourceLimitExceeded(f"the journal cannot write ({reason}): message not taken")
+        for completion, queue, msg_id in job.held:
+            queue.dequeue(msg_id, "journal-failed")  # not on disk: not taken
+            completion.fail(failure)
+
+    def _probe(self) -> None:
+        """While writes fail, try one now and then: the first that works lifts the refusal."""
+        if self.full is None or self._thread is None:
+            return
+        self._add(jf.term_record(self.term))
+        self._flush()
+        self._schedule(PROBE_INTERVAL, self._probe)
+
+    # -- compaction -----------------------------------------------------------------------------------
+
+    def _compact(self) -> None:
+        """Rewrite the file with only the live messages, on the writer thread.
+
+        The reactor takes copies of the queues' id and payload lists (C-level
+        copies) and of the journaled id sets; the writer encodes them.  Records
+        appended after this point go, in order, into the new file, under the
+        same queue numbers.
+        """
+        self._compacting = True
+        snapshot = self._snapshot()
+        self._jobs.put(_Job(b"", compact=lambda: self._encode(snapshot)))
+        log.info("journal compaction started", file_bytes=self._written)
+
+    def _snapshot(self) -> Snapshot:
+        return [(self._number(q), q.uuid, q.name, lineages.to_wire(q.lineage), q._ids[:], q._data[:], ids.copy())
+                for q, ids in self._journaled.items()]
+
+    def _encode(self, snapshot: Snapshot) -> bytes:
+        parts = [jf.open_record(self.node_id, self.term)]
+        for number, uuid, name, wire, ids, payloads, journaled in snapshot:
+            parts.append(jf.queue_record(number, uuid, name))
+            parts.append(jf.lineage_record(number, wire))
+            for msg_id, payload in zip(ids, payloads):
+                if payload is not None and msg_id in journaled:
+                    parts.append(jf.enqueue_record(number, msg_id, payload))
+        return b"".join(parts)
+
+    def _replace_file(self, data: bytes) -> None:
+        temporary = self.path.with_name("journal.compacting")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, self.path)
+        directory = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND, 0o600)
+
+
+def _remove(messages: dict[int, bytes], ranges: list[tuple[int, int]]) -> None:
+    """Drop the ids in ``ranges``, in time linear in what is dropped or held, whichever is less."""
+    for lo, hi in ranges:
+        if hi - lo < len(messages):
+            for msg_id in range(lo, hi + 1):
+                messages.pop(msg_id, None)
+        else:
+            for msg_id in [i for i in messages if lo <= i <= hi]:
+                del messages[msg_id]

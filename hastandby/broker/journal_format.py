@@ -1,0 +1,133 @@
+"""The journal's file format: checksummed records, appended; a torn or corrupt tail is cut off.
+
+Each record is ``length (u32) | crc32 of type and body (u32) | type (u8) | body``,
+little-endian, with ``length`` counting the type byte and the body.  A reader
+stops at the first record that is incomplete or whose checksum fails (a
+crash in the middle of a write, or a corrupt tail): everything before it is
+what the journal holds, and the node cuts the file there with a log line
+instead of refusing to start.
+
+Record types and bodies:
+
+- ``OPEN``: JSON ``{"node": id, "term": n}``, first in every file written;
+- ``QUEUE``: u32 number, then JSON ``{"uuid", "name"}`` (later records name
+  the queue by number);
+- ``ENQUEUE``: u32 queue number, u64 replication id, the message's bytes;
+- ``DEQUEUE``: u32 queue number, u32 count, then count pairs of u64 (lo, hi),
+  closed ranges of ids;
+- ``LINEAGE``: u32 queue number, JSON of the lineage's wire form
+  (``lineage.py``);
+- ``TERM``: JSON ``{"term": n}``: the highest term this node has seen;
+- ``CLOSE``: empty: a clean shutdown (the last record of its run).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Iterable, Iterator
+
+OPEN, QUEUE, ENQUEUE, DEQUEUE, LINEAGE, TERM, CLOSE = range(1, 8)
+_HEAD = struct.Struct("<IIB")
+_NUMBER = struct.Struct("<I")
+_ENQUEUE = struct.Struct("<IQ")
+_RANGE = struct.Struct("<QQ")
+MAX_RECORD = 1 << 31
+
+
+def record(kind: int, body: bytes) -> bytes:
+    typed = bytes([kind]) + body
+    return _HEAD.pack(len(typed), zlib.crc32(typed), kind) + body
+
+
+def open_record(node: str, term: int) -> bytes:
+    return record(OPEN, json.dumps({"node": node, "term": term}).encode())
+
+
+def queue_record(number: int, uuid: str, name: str) -> bytes:
+    return record(QUEUE, _NUMBER.pack(number) + json.dumps({"uuid": uuid, "name": name}).encode())
+
+
+def enqueue_record(number: int, msg_id: int, payload: bytes) -> bytes:
+    typed_len = 1 + _ENQUEUE.size + len(payload)
+    head = _ENQUEUE.pack(number, msg_id)
+    crc = zlib.crc32(payload, zlib.crc32(head, zlib.crc32(bytes([ENQUEUE]))))
+    return _HEAD.pack(typed_len, crc, ENQUEUE) + head + payload
+
+
+def dequeue_record(number: int, ranges: Iterable[tuple[int, int]]) -> bytes:
+    pairs = list(ranges)
+    body = _NUMBER.pack(number) + _NUMBER.pack(len(pairs)) + b"".join(_RANGE.pack(lo, hi) for lo, hi in pairs)
+    return record(DEQUEUE, body)
+
+
+def lineage_record(number: int, wire: list[list[Any]]) -> bytes:
+    return record(LINEAGE, _NUMBER.pack(number) + json.dumps(wire).encode())
+
+
+def term_record(term: int) -> bytes:
+    return record(TERM, json.dumps({"term": term}).encode())
+
+
+def close_record() -> bytes:
+    return record(CLOSE, b"")
+
+
+@dataclass
+class Read:
+    """What a reader found: the records' decoded contents, and where the good part ends."""
+
+    valid_bytes: int = 0
+    torn: bool = False  # something after valid_bytes was not a whole, intact record
+
+
+def read_records(stream: BinaryIO, result: Read) -> Iterator[tuple[int, Any]]:
+    """Decoded records, in order, until the end or the first damaged one (``result`` says which)."""
+    offset = 0
+    while True:
+        head = stream.read(_HEAD.size)
+        if not head:
+            return
+        if len(head) < _HEAD.size:
+            result.torn = True
+            return
+        length, crc, kind = _HEAD.unpack(head)
+        if length < 1 or length > MAX_RECORD:
+            result.torn = True
+            return
+        body = stream.read(length - 1)
+        if len(body) < length - 1 or zlib.crc32(body, zlib.crc32(bytes([kind]))) != crc:
+            result.torn = True
+            return
+        try:
+            decoded = _decode(kind, body)
+        except (ValueError, struct.error):
+            result.torn = True
+            return
+        offset += _HEAD.size + len(body)
+        result.valid_bytes = offset
+        yield kind, decoded
+
+
+def _decode(kind: int, body: bytes) -> Any:
+    if kind in (OPEN, TERM):
+        return json.loads(body)
+    if kind == QUEUE:
+        (number,) = _NUMBER.unpack_from(body)
+        return number, json.loads(body[_NUMBER.size:])
+    if kind == ENQUEUE:
+        number, msg_id = _ENQUEUE.unpack_from(body)
+        return number, msg_id, body[_ENQUEUE.size:]
+    if kind == DEQUEUE:
+        number, count = struct.unpack_from("<II", body)
+        if len(body) != 8 + count * _RANGE.size:
+            raise ValueError("a dequeue record's ranges do not fill it")
+        return number, [_RANGE.unpack_from(body, 8 + i * _RANGE.size) for i in range(count)]
+    if kind == LINEAGE:
+        (number,) = _NUMBER.unpack_from(body)
+        return number, json.loads(body[_NUMBER.size:])
+    if kind == CLOSE:
+        return None
+    raise ValueError(f"unknown record type {kind}")

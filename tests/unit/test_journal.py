@@ -1,0 +1,156 @@
+"""The journal with a real registry, real queues and a real file: what survives a restart.
+
+The event loop is played by the test: ``after_events`` and the writer
+thread's hand-backs are collected and run by ``settle()``; the writer thread
+and the file are real.
+"""
+
+from __future__ import annotations
+
+import errno
+import queue as queues
+import time
+from pathlib import Path
+
+import pytest
+from proton import Message
+
+from hastandby.broker.completion import Completion
+from hastandby.broker.errors import ResourceLimitExceeded
+from hastandby.broker.journal import Journal
+from hastandby.broker.lineage import Epoch
+from hastandby.broker.registry import Registry
+
+UUID = "6f8c1a52-0000-4000-8000-000000000001"
+
+
+class Loop:
+    """The reactor, by hand."""
+
+    def __init__(self) -> None:
+        self.after: list = []
+        self.calls: queues.SimpleQueue = queues.SimpleQueue()
+        self.timers: list = []
+
+    def settle(self, timeout: float = 5.0, until=lambda: True) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            while self.after:
+                self.after.pop(0)()
+            try:
+                self.calls.get(timeout=0.02)()
+            except queues.Empty:
+                if until():
+                    return
+        assert until(), "not settled"
+
+
+def node(directory: Path, sync: str = "batch") -> tuple[Registry, Journal, Loop]:
+    registry = Registry("none", True)
+    registry.declare_queue("orders", durable=True, object_uuid=UUID)
+    registry.declare_queue("scratch")
+    loop = Loop()
+    journal = Journal(directory, "n1", registry, sync, loop.after.append, loop.calls.put,
+                      lambda delay, fn: loop.timers.append(fn))
+    journal.recover()
+    journal.start()
+    return registry, journal, loop
+
+
+def encoded(body: str, durable: bool) -> bytes:
+    return bytes(Message(body=body, durable=durable).encode())
+
+
+def produce(registry: Registry, queue: str, body: str, durable: bool = True) -> list[str]:
+    outcome: list[str] = []
+    completion = Completion(lambda token: outcome.append("accepted"), on_fail=lambda token, error: outcome.append(
+        str(error)))
+    data = encoded(body, durable)
+    registry.deliver([registry.queues[queue]], data, completion)
+    completion.release()
+    return outcome
+
+
+def bodies(registry: Registry, queue: str) -> list[tuple[int, str]]:
+    found = []
+    for msg_id, data in registry.queues[queue].messages():
+        message = Message()
+        message.decode(data)
+        found.append((msg_id, message.body))
+    return found
+
+
+def test_a_durable_message_is_acknowledged_only_once_it_is_on_disk(tmp_path):
+    registry, journal, loop = node(tmp_path)
+    outcome = produce(registry, "orders", "a")
+    assert outcome == []  # held until the writer thread has written and fsynced it
+    loop.settle(until=lambda: outcome == ["accepted"])
+    assert produce(registry, "orders", "b", durable=False) == ["accepted"]  # not durable: not held
+    assert produce(registry, "scratch", "c") == ["accepted"]  # not a durable queue: not held
+    journal.close()
+
+
+def test_a_restart_brings_back_the_durable_messages_their_ids_and_lineage(tmp_path):
+    registry, journal, loop = node(tmp_path)
+    registry.queues["orders"].lineage = (Epoch(7, "n1", 1),)
+    for body in ("a", "b", "c", "d"):
+        produce(registry, "orders", body)
+    produce(registry, "orders", "transient", durable=False)
+    registry.queues["orders"].dequeue(2, "consumed")
+    loop.settle(until=lambda: not journal._jobs.qsize())
+    journal.close()
+    again, journal_again, _ = node(tmp_path)
+    assert bodies(again, "orders") == [(1, "a"), (3, "c"), (4, "d")]
+    assert again.queues["orders"].lineage == (Epoch(7, "n1", 1),)
+    assert again.queues["orders"].next_id == 5
+    journal_again.close()
+
+
+def test_a_torn_tail_is_cut_off_and_the_rest_recovered(tmp_path):
+    registry, journal, loop = node(tmp_path)
+    outcomes = [produce(registry, "orders", body) for body in ("a", "b", "c")]
+    loop.settle(until=lambda: all(outcomes))
+    journal.close()
+    path = tmp_path / "journal"
+    path.write_bytes(path.read_bytes()[:-14])  # the CLOSE record (9 bytes) and part of the last message
+    again, journal_again, _ = node(tmp_path)
+    assert bodies(again, "orders") == [(1, "a"), (2, "b")]
+    journal_again.close()
+
+
+def test_compaction_keeps_the_live_messages_and_what_comes_after(tmp_path, monkeypatch):
+    monkeypatch.setattr("hastandby.broker.journal.COMPACT_MIN", 2000)
+    registry, journal, loop = node(tmp_path)
+    for index in range(60):
+        produce(registry, "orders", f"m{index}")
+        registry.queues["orders"].dequeue(index + 1, "consumed") if index < 55 else None
+        loop.settle(until=lambda: not journal._jobs.qsize())
+    loop.settle(until=lambda: not journal._compacting)
+    produce(registry, "orders", "after")
+    loop.settle(until=lambda: not journal._jobs.qsize())
+    journal.close()
+    # Never compacted, 60 enqueues and 55 dequeues would be about 4.5 KB; the file stays near its 2 KB trigger.
+    assert (tmp_path / "journal").stat().st_size < 2600
+    again, journal_again, _ = node(tmp_path)
+    assert [body for _, body in bodies(again, "orders")] == ["m55", "m56", "m57", "m58", "m59", "after"]
+    journal_again.close()
+
+
+def test_a_failed_write_rejects_the_waiting_producers_and_refuses_more(tmp_path, monkeypatch):
+    registry, journal, loop = node(tmp_path)
+
+    def disk_full(data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(journal, "_append", disk_full)
+    outcome = produce(registry, "orders", "a")
+    loop.settle(until=lambda: bool(outcome))
+    assert "No space left on device" in outcome[0] and journal.full
+    assert registry.queues["orders"].depth == 0  # not on disk: not taken
+    with pytest.raises(ResourceLimitExceeded, match="durable messages are refused"):
+        produce(registry, "orders", "b")
+    assert produce(registry, "orders", "c", durable=False) == ["accepted"]
+    monkeypatch.undo()
+    journal.full and loop.timers.pop(0)()  # the probe: a write works again
+    loop.settle(until=lambda: journal.full is None)
+    assert produce(registry, "orders", "d") == [] and journal.close() is None
