@@ -45,6 +45,8 @@ from proton import Collector, Condition, Connection, Endpoint, Event, Transport
 
 from hastandby.security.pipe import ClientSecurity, Pipe, PipeError, ServerSecurity
 
+from .backlog import Backlog
+
 log = structlog.get_logger("hastandby.driver")
 
 TICK_INTERVAL = 0.5  # seconds between idle-timeout (heartbeat) ticks
@@ -106,6 +108,7 @@ class Socket:
         self._outbound = bytearray()
         self._refusing: str | None = None  # the handshake failed: send what is left, then close
         self.counted = pipe is not None and pipe.server_side  # in the driver's count of handshakes
+        self.backlog = Backlog(driver.after_events)
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -235,6 +238,7 @@ class Socket:
         if pending < 0 and lib.pn_transport_capacity(t) < 0 and not self._outbound:
             self.close()
             return
+        self.backlog.written(max(pending, 0) + len(self._outbound))
         writing = self._outbound or (pipe.done and pending > 0)
         wanted = selectors.EVENT_READ | (selectors.EVENT_WRITE if writing else 0)
         if wanted != self.events:
@@ -265,6 +269,7 @@ class Socket:
         if pending < 0 and lib.pn_transport_capacity(t) < 0:
             self.close()
             return
+        self.backlog.written(max(pending, 0))
         wanted = selectors.EVENT_READ | (selectors.EVENT_WRITE if pending > 0 else 0)
         if wanted != self.events:
             self.events = wanted

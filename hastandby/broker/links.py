@@ -17,6 +17,7 @@ from cproton import PN_ACCEPTED, PN_MODIFIED, PN_REJECTED, PN_RELEASED, ffi, lib
 from proton import Condition, Connection, Delivery, Link
 
 from . import sections
+from .backlog import Backlog
 from .completion import Completion
 from .errors import BrokerError, InvalidArgument, NotFound
 from .fence import Fence
@@ -106,7 +107,8 @@ def close_link(link: Link, error: Exception) -> None:
 class OutgoingLink:
     """A client's receiver on a queue: it acquires messages, or browses them."""
 
-    def __init__(self, link: Link, queue: Queue, registry: "Registry", browsing: bool) -> None:
+    def __init__(self, link: Link, queue: Queue, registry: "Registry", browsing: bool,
+                 backlog: Backlog | None = None) -> None:
         self.link = link
         self._impl = link._impl
         self.queue = queue
@@ -115,8 +117,10 @@ class OutgoingLink:
         self.sees_acquired = False
         self.presettled = link.snd_settle_mode == Link.SND_SETTLED
         self.credit = 0
-        self.unsettled: set[int] = set()
+        self.unsettled: dict[int, int] = {}  # message id -> its bytes
         self.closed = False
+        self.backlog = backlog or Backlog()
+        self.paused = False  # the connection's backlog is over its limit: no credit until it is written
 
     def start(self) -> None:
         self.queue.add_consumer(self)
@@ -127,15 +131,28 @@ class OutgoingLink:
             data = sections.with_delivery_count(data, delivery_count)
         delivery = send_payload(impl, b"%d" % msg_id, data)
         self.credit -= 1
+        settled = self.presettled or self.browsing
         if self.presettled:
             lib.pn_delivery_settle(delivery)
             if not self.browsing:
                 queue.acknowledge(msg_id)
         elif not self.browsing:
-            self.unsettled.add(msg_id)
+            self.unsettled[msg_id] = len(data)
+        if self.backlog.sent(len(data), settled) and not self.paused:
+            self.paused = True
+            self.credit = 0
+            self.backlog.paused.append(self)
+
+    def resume(self) -> None:
+        """The connection's backlog was written down: take messages again, up to the credit left."""
+        self.paused = False
+        if not self.closed:
+            self.flow()
 
     def flow(self) -> None:
-        """The client granted credit (or asked to drain)."""
+        """The client granted credit (or asked to drain); while paused, ``resume`` reads it later."""
+        if self.paused:
+            return
         impl = self._impl
         self.credit = lib.pn_link_credit(impl)
         self.queue.dispatch()
@@ -155,9 +172,10 @@ class OutgoingLink:
             return  # no outcome yet (e.g. a 'received' state)
         msg_id = int(delivery_tag(delivery))
         lib.pn_delivery_settle(delivery)
-        if msg_id not in self.unsettled:
+        size = self.unsettled.pop(msg_id, None)
+        if size is None:
             return
-        self.unsettled.discard(msg_id)
+        self.backlog.settled(size)
         queue = self.queue
         if state == PN_ACCEPTED or state not in _OUTCOMES:
             queue.acknowledge(msg_id)
@@ -182,6 +200,7 @@ class OutgoingLink:
         queue.remove_consumer(self)
         for msg_id in sorted(self.unsettled):
             queue.release(msg_id, delivery_failed=True)
+        self.backlog.settled(sum(self.unsettled.values()))
         self.unsettled.clear()
         self.registry.consumers_changed(queue)
 

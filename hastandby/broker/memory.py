@@ -67,6 +67,27 @@ def _malloc_trim() -> Callable[[], None]:
     return lambda: trim(0)
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+
+def _mallinfo2() -> Callable[[], dict[str, int]]:
+    try:
+        call = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return lambda: {}
+    call.restype = _MallInfo2
+
+    def heap() -> dict[str, int]:
+        info = call()
+        return {"heap_in_use": info.uordblks + info.hblkhd, "heap_free": info.fordblks}
+    return heap
+
+
+heap_figures = _mallinfo2()
+
+
 release_free_memory = _malloc_trim()
 """Freed message bytes stay in malloc's arenas, so the resident size would not
 fall after consumers drained the queues and the alarm would never clear;
@@ -135,4 +156,4 @@ class MemoryAlarm:
     def describe(self) -> dict[str, object]:
         return {"resident": self.resident, "high_watermark": self.high, "low_watermark": self.low,
                 "alarm": self.local, "peers_in_alarm": sorted(p for p, a in self.remote.items() if a),
-                "producers_blocked": self.blocked}
+                "producers_blocked": self.blocked, **heap_figures()}

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import structlog
+from cproton import lib
 from proton import (
     Condition,
     Connection,
@@ -43,6 +44,7 @@ from proton import (
 from hastandby.security.sasl import Principal
 
 from .authority import Authority, principal_of
+from .backlog import Backlog
 from .driver import Driver
 from .errors import BrokerError, InvalidArgument, ResourceLimitExceeded, ResourceLocked
 from .exchange import Exchange
@@ -381,7 +383,7 @@ class BrokerHandler(Handler):
     def _attach_outgoing(self, link: Link) -> OutgoingLink:
         source = link.remote_source
         if source.dynamic:
-            return OutgoingLink(link, self.registry.temporary_queue(), self.registry, browsing=False)
+            return OutgoingLink(link, self.registry.temporary_queue(), self.registry, False, self._backlog(link))
         address = source.address
         if not address:
             raise InvalidArgument("a receiver needs a source address (or a dynamic source)")
@@ -392,7 +394,12 @@ class BrokerHandler(Handler):
             browsing = False
         elif node.settings.exclusive and not browsing and node.consumers:
             raise ResourceLocked(f"queue {node.name!r} is exclusive and already has a consumer")
-        return OutgoingLink(link, node, self.registry, browsing)
+        return OutgoingLink(link, node, self.registry, browsing, self._backlog(link))
+
+    def _backlog(self, link: Link) -> Backlog | None:
+        """The unwritten bytes of the link's connection, which its consumers share."""
+        wrapped = self.driver.sockets.get(lib.pn_connection_transport(link.connection._impl))
+        return wrapped.backlog if wrapped is not None else None
 
     def _subscribe(self, exchange: Exchange, link: Link) -> Queue:
         """A receiver on an exchange gets a private auto-delete queue bound with its filter."""

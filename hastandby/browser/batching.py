@@ -64,9 +64,10 @@ class BatchingLink(OutgoingLink):
         self.driver = driver
         self.cumulative = cumulative
         self.linger = linger
-        # ``unsettled`` (OutgoingLink) holds the ids of batches awaiting their
+        # ``awaiting_accept`` holds the ids of batches awaiting their
         # accept; ``unacked`` the pre-settled batches awaiting a cumulative
         # acknowledgement, in id order, ``unacked_count`` the messages in them.
+        self.awaiting_accept: set[int] = set()
         self.unacked: deque[list[int]] = deque()
         self.unacked_count = 0
         # The ids of each unsettled batch by its C delivery (which hashes by
@@ -150,7 +151,7 @@ class BatchingLink(OutgoingLink):
             self.unacked_count += len(ids)
         else:
             self._batches[delivery] = ids
-            self.unsettled.update(ids)
+            self.awaiting_accept.update(ids)
         self.count_credit()
 
     def count_credit(self) -> None:
@@ -170,7 +171,7 @@ class BatchingLink(OutgoingLink):
         _pn_delivery_settle(delivery)
         ids = self._batches.pop(delivery, None)
         if ids is not None:
-            self.unsettled.difference_update(ids)
+            self.awaiting_accept.difference_update(ids)
             self.stored(ids)
 
     def acknowledged(self, through: int) -> None:
@@ -191,8 +192,8 @@ class BatchingLink(OutgoingLink):
 
     def forget_sent(self) -> list[int]:
         """The link is gone: the ids of every message given to it that the peer did not acknowledge."""
-        ids = sorted(self.unsettled.union(self.batch_ids, *self.unacked))
-        self.unsettled.clear()
+        ids = sorted(self.awaiting_accept.union(self.batch_ids, *self.unacked))
+        self.awaiting_accept.clear()
         self.unacked.clear()
         self.unacked_count = 0
         self._batches.clear()

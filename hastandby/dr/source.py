@@ -198,7 +198,7 @@ class FullSourceLink(ReplicatingSubscription, StatusReporter):
     def _acknowledged_id(self, msg_id: int) -> bool:
         if self.cumulative:
             return not self.unacked or msg_id < self.unacked[0][0]
-        return msg_id not in self.unsettled
+        return msg_id not in self.awaiting_accept
 
     def status(self) -> dict[str, Any]:
         queue = self.queue

@@ -60,8 +60,8 @@ class Producer(MessagingHandler):
 
 
 class Consumer(MessagingHandler):
-    def __init__(self, url: str, count: int) -> None:
-        super().__init__()
+    def __init__(self, url: str, count: int, prefetch: int = 10) -> None:
+        super().__init__(prefetch=prefetch)
         self.url, self.count = url, count
         self.received: set[int] = set()
 
@@ -85,7 +85,10 @@ def memory(node: NodeProcess) -> dict[str, Any]:
     return node.request("STATUS")["memory"]
 
 
-def test_a_producer_pushing_twice_the_watermark_waits_and_loses_nothing(node_factory):
+@pytest.mark.parametrize("prefetch", [10, 0], ids=["prefetch-10", "all-credit-at-once"])
+def test_a_producer_pushing_twice_the_watermark_waits_and_loses_nothing(node_factory, prefetch):
+    """``all-credit-at-once``: a consumer granting credit for every message made the node frame the whole
+    queue into its connection at once; that memory stayed in use and the alarm never cleared (backlog.py)."""
     node = node_factory("--memory-high-watermark", f"{WATERMARK // MiB}MB")
     count = 2 * WATERMARK // len(BODY)
     producer = Producer(node.url, count)
@@ -103,7 +106,7 @@ def test_a_producer_pushing_twice_the_watermark_waits_and_loses_nothing(node_fac
     time.sleep(1.0)
     assert producer.sent <= stalled_at + 1000, "credit kept flowing above the watermark"
     peak = max(peak, memory(node)["resident"])
-    consumer = Consumer(node.url, count)
+    consumer = Consumer(node.url, count, prefetch or count)
     draining = run(consumer)
     while draining.is_alive() and sending.is_alive():
         peak = max(peak, memory(node)["resident"])
