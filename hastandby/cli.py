@@ -550,10 +550,15 @@ def replicate(nodes: tuple[str, ...], broker: str, mode: str, create: bool, sync
 
 @main.command()
 @_broker_option
-def promote(broker: str) -> None:
+@click.option("--force", is_flag=True,
+              help="after a whole-cluster restart, start the cluster from this node without waiting for the "
+                   "sync members that hold the latest store (what only they hold is lost; see docs/durability.md)")
+def promote(broker: str, force: bool) -> None:
     """Make a caught-up backup node the primary."""
-    result = _request(broker, "PROMOTE")
-    if result.get("message", "").startswith("handover"):
+    result = _request(broker, "PROMOTE", body={"force": True} if force else None)
+    if force:
+        click.echo(f"{broker}: {result.get('message')}")
+    if result.get("message", "").startswith(("handover", "forced")):
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             result = _request(broker, "STATUS")

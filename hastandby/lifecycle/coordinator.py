@@ -153,6 +153,11 @@ class Coordinator(Protocol):
         """Write the sync set, only while this node holds the leader key of ``term``; True if written."""
         ...
 
+    def force_sync(self) -> bool:
+        """Operator's choice after a whole-cluster restart: while there is no leader, make the sync set this
+        node alone, so it may start the cluster without the absent members; True if written."""
+        ...
+
     def resign(self, term: int) -> bool:
         """Delete the leader key if its term is ``term``; True if deleted."""
         ...
@@ -470,6 +475,18 @@ class EtcdCoordinator:
             )
         self._log.info("sync set written" if written else "sync set not written: not the leader",
                        term=term, sync=sorted(members))
+        return bool(written)
+
+    def force_sync(self) -> bool:
+        with _etcd():
+            written, _ = self._client.transaction(
+                compare=[txn.Create(self._keys.leader) == 0],
+                success=[txn.Put(self._keys.sync, encode_sync(frozenset({self.node_id}), self.node_id))],
+                failure=[],
+                what="force sync set",
+            )
+        if written:
+            self._log.warning("sync set forced to this node alone by the operator")
         return bool(written)
 
     def _handover_names_me(self, value: bytes) -> bool:

@@ -37,7 +37,7 @@ from hastandby.client import Login, ManagementClient, ManagementError
 from hastandby.node import Node, split_hostport
 
 from .cluster import Leader, Store
-from .coordinator import CoordinatorEvent, EtcdCoordinator, EtcdSettings
+from .coordinator import CoordinatorError, CoordinatorEvent, EtcdCoordinator, EtcdSettings
 from .election import ElectionLoop
 from .states import (
     Action,
@@ -369,6 +369,8 @@ class HaNode:
         if state is State.CATCHUP:
             raise NotPromotable("still catching up, cannot be promoted")
         if self.election is not None:
+            if request.body.get("force"):
+                return self._force_start(state)
             return self._hand_over(state)
         if state is State.BACKUP:
             return self._promote_now(Event.PROMOTED_BY_OPERATOR)
@@ -407,6 +409,38 @@ class HaNode:
         me = self.node.node_id
         election.request(lambda: election.coordinator.set_handover(me, ttl=10))
         return 202, {"state": str(state), "message": "handover requested; the primary steps down"}
+
+    def _force_start(self, state: State) -> Deferred:
+        """``promote --force``: a restarted cluster waits for a sync member that holds the latest store; the
+        operator names this node instead.  The sync set becomes this node alone (only while there is no
+        leader), so it may start the cluster; what only the absent members held is lost if they never return."""
+        if state is not State.CONNECTING:
+            raise NotPromotable(f"--force starts a restarted cluster; this node is {state}")
+        election = self.election
+        assert election is not None
+        snapshot = election.snapshot
+        absent = sorted(snapshot.sync.members - {m.node_id for m in snapshot.members}) \
+            if snapshot is not None and snapshot.sync is not None else []
+        reply = Deferred()
+
+        def force() -> None:
+            try:
+                written = election.coordinator.force_sync()
+            except CoordinatorError as error:
+                self.node.driver.call_soon_threadsafe(
+                    lambda: reply.fail(NotPromotable(f"etcd refused the forced start: {error}")))
+                return
+            if not written:
+                self.node.driver.call_soon_threadsafe(
+                    lambda: reply.fail(NotPromotable("the cluster has a leader already: nothing to force")))
+                return
+            risk = (f"messages that only {', '.join(absent)} held are lost if it does not come back first"
+                    if absent else "no absent member was named in the sync set")
+            self.node.driver.call_soon_threadsafe(lambda: reply.resolve(202, {
+                "state": str(state), "message": f"forced: this node may start the cluster; {risk}"}))
+
+        election.request(force)
+        return reply
 
     def _peer_login(self) -> Login:
         config = self.node.config
