@@ -205,7 +205,8 @@ class Node:
         if journal is None:
             return None
         return {"sync": journal.sync, "term": journal.term, "writing": journal.full is None, "error": journal.full,
-                "recovered_messages": self.recovered.messages, "clean_shutdown": self.recovered.clean}
+                "recovered_messages": self.recovered.messages, "clean_shutdown": self.recovered.clean,
+                "file_bytes": journal.file_bytes, **journal.stats}
 
     # -- running -------------------------------------------------------------------
 

@@ -123,6 +123,8 @@ class Journal:
         self._jobs: queues.SimpleQueue[_Job | None] = queues.SimpleQueue()
         self._fd: int | None = None
         self._thread: threading.Thread | None = None
+        # Counters for status and benchmarks (fsyncs per message); the writer thread bumps its own.
+        self.stats = {"messages": 0, "writes": 0, "fsyncs": 0, "bytes_written": 0, "compactions": 0}
 
     # -- start and stop --------------------------------------------------------------------------
 
@@ -175,7 +177,10 @@ class Journal:
             report.queues += 1
         self.term = report.term
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._replace_file(self._encode(self._snapshot()))
+        try:
+            self._replace_file(self._encode(self._snapshot()))
+        except OSError as error:
+            self._keep_uncompacted(result.valid_bytes, error)
         self._buffer.clear()
         self._written = self.path.stat().st_size
         log.info("journal recovered", path=str(self.path), messages=report.messages, queues=report.queues,
@@ -190,6 +195,8 @@ class Journal:
             self._follow(queue)
         self._thread = threading.Thread(target=self._write_loop, name="hastandby-journal", daemon=True)
         self._thread.start()
+        if self.full is not None:
+            self._schedule(PROBE_INTERVAL, self._probe)
 
     def close(self) -> None:
         """A clean shutdown: what is buffered, then the CLOSE record, on disk before this returns."""
@@ -240,6 +247,7 @@ class Journal:
             return
         self._add(jf.enqueue_record(self._number(queue), msg_id, data))
         self._journaled[queue].add(msg_id)
+        self.stats["messages"] += 1
         if completion is not None and self.sync != "off" and not completion.done:
             completion.hold()
             self._held.append((completion, queue, msg_id))
@@ -313,6 +321,11 @@ class Journal:
         if not self._compacting and self._written > max(COMPACT_MIN, COMPACT_FACTOR * self._live_bytes()):
             self._compact()
 
+    @property
+    def file_bytes(self) -> int:
+        """The journal file's size after the last write the reactor heard of."""
+        return self._written
+
     def _live_bytes(self) -> int:
         return sum(q.bytes for q in self._journaled)
 
@@ -335,11 +348,23 @@ class Journal:
     def _append(self, data: bytes) -> None:
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view):]
+        fd = self._fd
+        start = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if self.sync != "off":
+                os.fsync(fd)
+        except OSError:
+            # A record cut by a full disk would hide every later one from recovery: cut it off (no space needed).
+            os.ftruncate(fd, start)
+            raise
+        stats = self.stats
+        stats["writes"] += 1
+        stats["bytes_written"] += len(data)
         if self.sync != "off":
-            os.fsync(self._fd)
+            stats["fsyncs"] += 1
 
     def _done(self, job: _Job, error: OSError | None) -> None:
         """Back on the reactor: release (or fail) what waited for this write."""
@@ -385,6 +410,7 @@ class Journal:
         same queue numbers.
         """
         self._compacting = True
+        self.stats["compactions"] += 1
         snapshot = self._snapshot()
         self._jobs.put(_Job(b"", compact=lambda: self._encode(snapshot)))
         log.info("journal compaction started", file_bytes=self._written)
@@ -402,6 +428,17 @@ class Journal:
                 if payload is not None and msg_id in journaled:
                     parts.append(jf.enqueue_record(number, msg_id, payload))
         return b"".join(parts)
+
+    def _keep_uncompacted(self, valid_bytes: int, error: OSError) -> None:
+        """Recovery could not rewrite the file (a full disk): keep it as it is, without its torn tail, and
+        refuse durable messages until a write works; a node that cannot compact must still start."""
+        self.path.with_name("journal.compacting").unlink(missing_ok=True)
+        if self.path.exists():
+            os.truncate(self.path, valid_bytes)  # needs no space
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self.full = os.strerror(error.errno) if error.errno else str(error)
+        log.error("journal not compacted at start: durable messages are refused until a write works",
+                  error=self.full, disk_full=error.errno == errno.ENOSPC)
 
     def _replace_file(self, data: bytes) -> None:
         temporary = self.path.with_name("journal.compacting")

@@ -27,6 +27,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import Any, Callable, Sequence
 
+import structlog
 from cproton import lib
 from proton import Link
 
@@ -39,6 +40,8 @@ from .batching import BatchingLink
 from .guard import QueueGuard
 from hastandby.broker.idset import IdSet
 from .protocol import DEQUEUE_TAG, encode_dequeues
+
+log = structlog.get_logger("hastandby.replication")
 
 
 class ReplicatingSubscription(BatchingLink):
@@ -74,6 +77,8 @@ class ReplicatingSubscription(BatchingLink):
         primary_ids = IdSet.from_ids(queue.ids())
         self.skip = backup_ids & primary_ids
         self.pending_dequeues = backup_ids - primary_ids
+        # What catch-up cost, logged once ready: a restarted backup with a journal should send ~nothing.
+        self.catchup = {"backup_held": len(backup_ids), "skipped": len(self.skip), "sent": 0}
         if guard is not None:
             for msg_id in self.skip:
                 guard.skip(msg_id)
@@ -102,6 +107,7 @@ class ReplicatingSubscription(BatchingLink):
             return
         if msg_id < self.first_id:
             self._old_in_flight += 1
+            self.catchup["sent"] += 1
         BatchingLink.deliver(self, queue, msg_id, data, delivery_count)
 
     def deliver_run(self, queue: Queue, ids: Sequence[int], payloads: list[bytes | None]) -> None:
@@ -110,7 +116,9 @@ class ReplicatingSubscription(BatchingLink):
             self.deliver_each(queue, ids, payloads)
             return
         if ids[0] < self.first_id:
-            self._old_in_flight += bisect_left(ids, self.first_id)
+            old = bisect_left(ids, self.first_id)
+            self._old_in_flight += old
+            self.catchup["sent"] += old
         BatchingLink.deliver_run(self, queue, ids, payloads)
 
     def flow(self) -> None:
@@ -155,6 +163,7 @@ class ReplicatingSubscription(BatchingLink):
         if not self.queue.browsed_past(self, self.first_id - 1):
             return
         self.ready = True
+        log.info("backup caught up on queue", queue=self.queue.name, **self.catchup)
         self.on_ready(self)
 
     @property
@@ -162,7 +171,7 @@ class ReplicatingSubscription(BatchingLink):
         """Messages on the queue this backup has not acknowledged yet."""
         if self.closed:
             return 0
-        return len(self.unsettled) + self.unacked_count + len(self.batch_ids) + self.queue.count_after(self)
+        return len(self.awaiting_accept) + self.unacked_count + len(self.batch_ids) + self.queue.count_after(self)
 
     # -- QueueObserver: dequeues on the primary go to the backup in batches --------------
 
