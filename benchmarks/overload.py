@@ -189,7 +189,8 @@ def _query_sample(client: ManagementClient, queue: str) -> dict[str, Any]:
     return {"t": (before + after) / 2, "request_ms": (after - before) * 1e3,
             "enqueued": stats.get("enqueued", 0), "dequeued": stats.get("dequeued", 0),
             "depth": (mine or {}).get("depth", 0), "resident": memory.get("resident"),
-            "alarm": memory.get("alarm"), "blocked": memory.get("producers_blocked")}
+            "alarm": memory.get("alarm"), "blocked": memory.get("producers_blocked"),
+            "heap_in_use": memory.get("heap_in_use"), "heap_free": memory.get("heap_free")}
 
 
 def _wait_until(condition: Any, timeout: float, step: float = 0.05) -> bool:
@@ -289,7 +290,7 @@ def _wait_for_both(result: dict[str, Any], sender: cexamples.Client, receiver: C
         if last is not None and last["blocked"] and last["depth"] == 0 and last["enqueued"]:
             empty_and_held_since = empty_and_held_since or time.monotonic()
             if time.monotonic() - empty_and_held_since > STUCK_AFTER:
-                result["stuck"] = {"resident": last["resident"], "enqueued": last["enqueued"]}
+                result["stuck"] = {key: last[key] for key in ("resident", "heap_in_use", "heap_free", "enqueued")}
                 result["problems"].append(
                     f"the alarm did not clear: the queue has been empty for {STUCK_AFTER:.0f} s with producers "
                     f"held, the node resident at {last['resident'] / MiB:.0f} MiB (low watermark "

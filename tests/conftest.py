@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import pytest
 
 from tests.support import auth
+from tests.support.etcd import EtcdServer
+from tests.support.etcd_ha import EtcdHa
 from tests.support.nodes import NodeProcess
 
 if TYPE_CHECKING:
@@ -60,3 +62,26 @@ def cluster_factory(tmp_path) -> Iterator[Callable[..., HaCluster]]:
     yield start
     for cluster in started:
         cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def etcd() -> Iterator[EtcdServer]:
+    with EtcdServer() as server:
+        yield server
+
+
+@pytest.fixture
+def ha(etcd, tmp_path) -> Iterator[Callable[[int], EtcdHa]]:
+    """Start etcd clusters of real nodes; every node is stopped by PID, and its log printed, at teardown."""
+    clusters: list[EtcdHa] = []
+
+    def start(size: int = 3, data: bool = False) -> EtcdHa:
+        cluster = EtcdHa(etcd, tmp_path, size, data)
+        clusters.append(cluster)
+        return cluster.start()
+
+    yield start
+    for cluster in clusters:
+        cluster.stop()
+        for node in cluster.retired + cluster.nodes:
+            print(f"===== {node.log_path.name} =====\n{node.log()}")

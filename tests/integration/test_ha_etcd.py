@@ -16,18 +16,14 @@ and every node's log is printed then (pytest shows it when a test fails).
 
 from __future__ import annotations
 
-import base64
 import json
 import signal
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
-import uuid
 from datetime import datetime
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pytest
 from proton import Message
@@ -35,161 +31,16 @@ from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
 from benchmarks import cexamples
-from hastandby.client import ManagementClient, ManagementError
+from hastandby.client import ManagementError
 from tests.support import auth
 from tests.support.clients import browse_ids
-from tests.support.etcd import EtcdServer
+from tests.support.etcd_ha import POLL, TTL
 from tests.support.failover_client import NumberedSender, drain
-from tests.support.nodes import REPO, NodeProcess, free_port
+from tests.support.nodes import REPO, NodeProcess
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.etcd
 
-TTL = 2  # --lease-ttl: the shortest lease etcd grants with its default election timeout
-POLL = 0.02  # seconds between status polls while timing a failover
-
-
-# -- a cluster elected by etcd ------------------------------------------------------------------
-
-
-class EtcdHa:
-    """``size`` nodes of one etcd cluster (``--node-id n0 ... nN``); stopped by PID in ``stop()``."""
-
-    def __init__(self, etcd: EtcdServer, log_dir: Path, size: int) -> None:
-        self.etcd = etcd
-        self.log_dir = Path(log_dir)
-        self.name = f"t{uuid.uuid4().hex[:8]}"
-        self.ids = [f"n{i}" for i in range(size)]
-        self.ports = [free_port() for _ in range(size)]
-        self.brokers_url = ",".join(f"127.0.0.1:{p}" for p in self.ports)
-        self.nodes = [self._make(i) for i in range(size)]
-        self.retired: list[NodeProcess] = []
-
-    def _make(self, index: int) -> NodeProcess:
-        return NodeProcess(self.log_dir, "--etcd", self.etcd.client_url, "--cluster", self.name,
-                           "--node-id", self.ids[index], "--lease-ttl", str(TTL),
-                           "--brokers-url", self.brokers_url,
-                           port=self.ports[index], name=self.ids[index])
-
-    def __getitem__(self, index: int) -> NodeProcess:
-        return self.nodes[index]
-
-    def __len__(self) -> int:
-        return len(self.nodes)
-
-    def start(self) -> "EtcdHa":
-        for node in self.nodes:
-            node.start(wait=False)
-        for node in self.nodes:
-            node.wait_ready()
-        return self
-
-    def restart(self, index: int) -> NodeProcess:
-        """A fresh process for a node that was killed (same id, port and log file)."""
-        self.retired.append(self.nodes[index])
-        node = self.nodes[index] = self._make(index)
-        node.start(wait=False)
-        return node
-
-    def stop(self) -> None:
-        for node in self.nodes + self.retired:
-            node.stop()
-
-    # -- asking the nodes ---------------------------------------------------------------------
-
-    def status(self, index: int, timeout: float = 2.0) -> dict[str, Any] | None:
-        try:
-            with ManagementClient(self.nodes[index].address, timeout=timeout) as client:
-                return client.request("STATUS")
-        except ManagementError:
-            return None
-
-    def state(self, index: int) -> str | None:
-        status = self.status(index)
-        return status["state"] if status else None
-
-    def wait_state(self, index: int, state: str, timeout: float = 20.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        status = None
-        while time.monotonic() < deadline:
-            status = self.status(index)
-            if status and status["state"] == state:
-                return status
-            time.sleep(0.05)
-        raise AssertionError(f"{self.ids[index]} is {status and status['state']}, not {state}, "
-                             f"after {timeout} s")
-
-    def wait_following(self, index: int, primary: int, timeout: float = 20.0) -> dict[str, Any]:
-        """Wait until node ``index`` is a backup replicating from node ``primary``; its status."""
-        deadline = time.monotonic() + timeout
-        status = None
-        while time.monotonic() < deadline:
-            status = self.status(index)
-            if status and status["state"] == "backup" and status["primary"] == self.nodes[primary].address:
-                return status
-            time.sleep(0.05)
-        raise AssertionError(f"{self.ids[index]} does not follow {self.ids[primary]} after {timeout} s: {status}")
-
-    def wait_settled(self, among: list[int] | None = None, timeout: float = 20.0) -> int:
-        """Wait until exactly one of ``among`` is primary and the others are backups; its index."""
-        among = list(range(len(self))) if among is None else among
-        deadline = time.monotonic() + timeout
-        states: list[str | None] = []
-        while time.monotonic() < deadline:
-            states = [self.state(i) for i in among]
-            if states.count("primary") == 1 and states.count("backup") == len(among) - 1:
-                return among[states.index("primary")]
-            time.sleep(0.1)
-        raise AssertionError(f"cluster did not settle in {timeout} s: {dict(zip(among, states))}")
-
-    def wait_new_primary(self, among: list[int], timeout: float) -> tuple[int, float]:
-        """Poll ``among`` until one is primary: (its index, monotonic time it was first seen)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for index in among:
-                if self.state(index) == "primary":
-                    return index, time.monotonic()
-            time.sleep(POLL)
-        raise AssertionError(f"none of {[self.ids[i] for i in among]} became primary in {timeout} s: "
-                             f"{[self.state(i) for i in among]}")
-
-    def leader(self) -> tuple[str, int] | None:
-        """etcd's leader key as (node id, term), read through etcd's JSON gateway."""
-        key = f"/hastandby/{self.name}/leader"
-        request = urllib.request.Request(
-            f"{self.etcd.client_url}/v3/kv/range",
-            data=json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode())
-        with urllib.request.urlopen(request, timeout=2) as response:
-            kvs = json.load(response).get("kvs") or []
-        if not kvs:
-            return None
-        value = json.loads(base64.b64decode(kvs[0]["value"]))
-        return value["node_id"], int(kvs[0]["create_revision"])
-
-    def events(self, index: int, event: str) -> list[dict[str, Any]]:
-        """The node's JSON log records named ``event`` (all runs of this node id)."""
-        records = []
-        try:
-            text = self.nodes[index].log_path.read_text(errors="replace")
-        except OSError:
-            return []
-        for line in text.splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and record.get("event") == event:
-                records.append(record)
-        return records
-
-    def create_queue(self, index: int, name: str) -> None:
-        with ManagementClient(self.nodes[index].address, timeout=10) as client:
-            client.request("CREATE", "queue", name)
-
-    def depth(self, index: int, name: str) -> int | None:
-        with ManagementClient(self.nodes[index].address, timeout=10) as client:
-            queues = client.request("QUERY")["queues"]
-        return next((q["depth"] for q in queues if q["name"] == name), None)
 
 
 def log_time(record: dict[str, Any]) -> float:
@@ -212,29 +63,6 @@ def status_json(node: NodeProcess) -> dict[str, Any]:
     result = hastandby("status", "--json", "-b", node.address, timeout=15)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
-
-
-@pytest.fixture(scope="module")
-def etcd() -> Iterator[EtcdServer]:
-    with EtcdServer() as server:
-        yield server
-
-
-@pytest.fixture
-def ha(etcd, tmp_path) -> Iterator[Callable[[int], EtcdHa]]:
-    """Start etcd clusters of real nodes; every node is stopped by PID, and its log printed, at teardown."""
-    clusters: list[EtcdHa] = []
-
-    def start(size: int = 3) -> EtcdHa:
-        cluster = EtcdHa(etcd, tmp_path, size)
-        clusters.append(cluster)
-        return cluster.start()
-
-    yield start
-    for cluster in clusters:
-        cluster.stop()
-        for node in cluster.retired + cluster.nodes:
-            print(f"===== {node.log_path.name} =====\n{node.log()}")
 
 
 # -- a producer tied to one node ------------------------------------------------------------------

@@ -202,9 +202,10 @@ class NumberedSender(_Client):
 
     def __init__(self, urls: Iterable[str], address: str, count: int, time_limit: float = 60.0,
                  window: int = 100, rate: float | None = None, heartbeat: float | None = None,
-                 skip_refusing: bool = False) -> None:
+                 skip_refusing: bool = False, durable: bool = False) -> None:
         super().__init__(urls, address, time_limit, heartbeat, skip_refusing, auto_settle=True)
         self.count = count
+        self.durable = durable  # the messages' header says durable=true (the nodes' journals keep them)
         self.window = window  # most messages sent and not yet accepted
         self.rate = rate  # most new messages per second (None: as fast as accepted)
         self.accepted: list[int] = []  # in acceptance order
@@ -272,7 +273,7 @@ class NumberedSender(_Client):
                 self._next += 1
             else:
                 return
-            self._in_flight[number] = sender.send(Message(body=number), tag=str(number))
+            self._in_flight[number] = sender.send(Message(body=number, durable=self.durable), tag=str(number))
             self.sent += 1
 
     def _outcome(self, event: Any) -> int | None:
