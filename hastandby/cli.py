@@ -137,7 +137,7 @@ def _etcd_settings(endpoints: str | None, ca_file: str | None, cert_file: str | 
 
 @main.command()
 @click.option("--listen", default=DEFAULT_BROKER, show_default=True, help="address to accept AMQP connections on")
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), help="node id and durable wiring")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), help="node id, durable wiring and the journal of durable messages (docs/durability.md)")
 @click.option("--log-format", type=click.Choice(FORMATS), default="console", show_default=True)
 @click.option("--log-level", default="info", show_default=True)
 @click.option("--replicate", type=click.Choice(LEVELS),
