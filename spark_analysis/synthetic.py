@@ -100,8 +100,8 @@ NEMESIS_VERDICT_CYCLE = (
     ts.VERDICT_MISMATCH, ts.VERDICT_OK, ts.VERDICT_OK, ts.VERDICT_NO_VERDICT,
 )
 """Verdicts of :func:`generate_nemesis_rounds` in turn: one round in three fails."""
-UNDO = {ts.FAULT_KILL9: "restart", ts.FAULT_SIGTERM: "restart", ts.FAULT_SIGSTOP: "sigcont",
-        ts.OP_PARTITION: "heal"}
+UNDO = {ts.FAULT_KILL9: "restart", ts.FAULT_KILL9_ALL: "restart", ts.FAULT_SIGTERM: "restart",
+        ts.FAULT_SIGSTOP: "sigcont", ts.OP_PARTITION: "heal"}
 PARTITION_KINDS = ("primary-etcd", "primary-backups", "clients-primary")
 
 
@@ -523,7 +523,7 @@ def make_nemesis_round(index: int, verdict: str = ts.VERDICT_OK, *, seed: int = 
         raise ValueError(f"verdict must be one of {ts.VERDICTS}, not {verdict!r}")
     rng = random.Random(f"nemesis:{seed}:{index}")
     base = make_round(index, NEMESIS_CONFIG, seed=seed, prefix=prefix)
-    kinds = [ts.FAULT_KILL9, ts.FAULT_SIGSTOP, ts.FAULT_SIGTERM,
+    kinds = [ts.FAULT_KILL9, ts.FAULT_KILL9_ALL, ts.FAULT_SIGSTOP, ts.FAULT_SIGTERM,
              *(f"{ts.OP_PARTITION}-{p}" for p in PARTITION_KINDS)]
     first = rng.choice(kinds)
     second = rng.choice([k for k in kinds if k != first] + ["promote"])

@@ -103,6 +103,8 @@ FAULT_KILL9 = "kill9"
 FAULT_SIGSTOP = "sigstop"
 FAULT_SIGTERM = "sigterm"
 FAULTS = (FAULT_KILL9, FAULT_SIGSTOP, FAULT_SIGTERM)
+FAULT_KILL9_ALL = "kill9-all"
+"""A nemesis op (not a failover-benchmark ``fault``): kill -9 of every node at once."""
 
 PRODUCER = "producer"
 CONSUMER = "consumer"
@@ -143,7 +145,7 @@ CHECKER_OPTIONAL_FIELDS = (DUPLICATES, REPLICA_CHECKS, LOST_IDS, UNEXPECTED_IDS)
 
 # op kinds, by what they do to the cluster ("role")
 OP_PARTITION = "partition"  # its ARG names the partition: its fault type is "partition-<arg>"
-NEMESIS_FAULT_OPS = (FAULT_KILL9, FAULT_SIGSTOP, FAULT_SIGTERM, "promote", OP_PARTITION)
+NEMESIS_FAULT_OPS = (FAULT_KILL9, FAULT_KILL9_ALL, FAULT_SIGSTOP, FAULT_SIGTERM, "promote", OP_PARTITION)
 NEMESIS_RECOVERY_OPS = ("sigcont", "restart", "heal")
 NEMESIS_CHECK_OPS = ("check", "elect_each")
 ROLE_FAULT, ROLE_RECOVERY, ROLE_CHECK, ROLE_SCRIPT = "fault", "recovery", "check", "script"

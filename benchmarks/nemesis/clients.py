@@ -34,6 +34,11 @@ of every node that opened to the end, so that after a loss the *next* node
 is tried first (round robin, as qpid-jms does), not a frozen one that costs
 an idle timeout per try.
 
+Every message is durable (header ``durable=true``; the queue is durable and
+the nodes keep journals, ``cluster.py``), so an acknowledged message must
+survive even a kill -9 of every node (``kill9-all``), and the checker counts
+every acknowledged message that never came back as lost.
+
 The clients authenticate as ``HASTANDBY_USER``/``HASTANDBY_PASSWORD`` from the
 environment (PLAIN), as the product's own clients do.
 
@@ -342,7 +347,7 @@ class Producer(_Client):
             attempt = self._attempts.get(message_id, 0) + 1
             self._attempts[message_id] = attempt
             tag = f"{message_id}/{attempt}"
-            sender.send(Message(id=message_id, body=message_id), tag=tag)
+            sender.send(Message(id=message_id, body=message_id, durable=True), tag=tag)
             self.unsettled[tag] = message_id
             self.history.record(self.name, "attempt", id=message_id, n=attempt, url=self.url, link=sender.name)
 

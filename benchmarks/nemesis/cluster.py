@@ -143,10 +143,19 @@ class Cluster:
         self._node_ids = node_ids
         self._brokers = brokers
 
+    def data_dir(self, node_id: str) -> Path:
+        """The node's ``--data-dir``: its durable wiring and its journal of durable messages."""
+        return self.workdir / f"{node_id}-data"
+
     # -- bringing it up and down ---------------------------------------------------------------------
 
     def start(self) -> None:
-        """etcd, then the nodes; returns once one is primary and the others follow it, with the queue made."""
+        """etcd, then the nodes; returns once one is primary and the others follow it, with the queue made.
+
+        The queue is durable and every node has a ``--data-dir``: the workload's
+        messages (durable) are in each node's journal before they are
+        acknowledged, so they outlive a kill -9 of every node (``kill9-all``).
+        """
         etcd_url = self.etcd.start()
         for node_id in self._node_ids:
             host = self.network[node_id]
@@ -154,7 +163,7 @@ class Cluster:
                 sys.executable, "-m", "hastandby", "serve", "--listen", f"{host.address}:{NODE_PORT}",
                 "--etcd", etcd_url, "--cluster", self.cluster_name, "--node-id", node_id,
                 "--lease-ttl", str(LEASE_TTL), "--brokers-url", self._brokers, "--log-format", "json",
-                *self.users.serve_arguments())
+                "--data-dir", str(self.data_dir(node_id)), *self.users.serve_arguments())
             address = f"{host.address}:{NODE_PORT}"
             node = Node(node_id, host, argv, self.workdir / f"{node_id}.log",
                         StatusPoller(node_id, address, self.admin))
@@ -164,7 +173,7 @@ class Cluster:
         primary = self.wait(self.settled, START_TIMEOUT, "one primary and every other node its backup")
         queues_before = {n.node_id: int((n.status or {}).get("queues") or 0) for n in self.nodes.values()}
         with ManagementClient(self.nodes[primary].address, timeout=10, login=self.admin) as client:
-            client.request("CREATE", "queue", QUEUE, {"arguments": {"qpid.replicate": "all"}})
+            client.request("CREATE", "queue", QUEUE, {"arguments": {"qpid.replicate": "all"}, "durable": True})
         self.wait(lambda: all(int((n.status or {}).get("queues") or 0) > queues_before[n.node_id]
                               for n in self.nodes.values()), 15.0, f"queue {QUEUE!r} on every node")
 
@@ -223,8 +232,9 @@ class Cluster:
         return primary if all(n.node_id in following for n in live) else None
 
     def _note_rejoined(self) -> None:
+        """A restarted node has rejoined once it is a backup, or primary (after a whole-cluster restart)."""
         for node in self.nodes.values():
-            if node.rejoining and node.state == "backup":
+            if node.rejoining and node.state in ("backup", "primary"):
                 node.rejoining = False
 
     def faulted(self) -> list[str]:
@@ -262,6 +272,19 @@ class Cluster:
             node.service.popen.wait(STOP_GRACE)
         node.down, node.frozen, node.rejoining = True, False, False
         return pid
+
+    def kill_all(self) -> dict[str, int | None]:
+        """SIGKILL every node that runs (frozen ones too), all before waiting for any; {node: pid} of those."""
+        victims = {n: node for n, node in self.nodes.items() if node.running}
+        for node in victims.values():
+            node.signal(signal.SIGKILL)
+        pids = {}
+        for node_id, node in victims.items():
+            pids[node_id] = node.pid
+            if node.service is not None:
+                node.service.popen.wait(STOP_GRACE)
+            node.down, node.frozen, node.rejoining = True, False, False
+        return pids
 
     def terminate(self, node_id: str) -> tuple[int | None, int | None]:
         """SIGTERM and wait for the exit (a graceful stop); SIGKILL after the grace period. (pid, exit code)"""

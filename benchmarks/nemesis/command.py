@@ -50,8 +50,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="seed of the first random schedule; schedule i uses seed+i "
                                             "(default: drawn and printed; replay one with --seed S --schedules 1)")
     p.add_argument("--faults", type=_faults, default=FAULT_KINDS,
-                   help="comma-separated fault kinds random schedules draw from: kill (kill -9), stop (SIGSTOP), "
-                        "term (SIGTERM), promote, etcd (primary cut from etcd), backups (primary cut from its "
+                   help="comma-separated fault kinds random schedules draw from: kill (kill -9), all or kill9-all "
+                        "(kill -9 of every node at once), stop (SIGSTOP), term (SIGTERM), promote, etcd (primary cut from etcd), backups (primary cut from its "
                         "backups), clients (clients cut from the primary); default all")
     p.add_argument("--fixed", type=_fixed, default=[], metavar="NAMES|all",
                    help=f"run these fixed schedules first: {', '.join(FIXED)}")

@@ -56,6 +56,7 @@ class Binding:
 
     node: str | None
     pairs: list[tuple[str, str]] = field(default_factory=list)  # a partition's cut host pairs
+    nodes: list[str] = field(default_factory=list)  # every node a kill9-all killed
 
 
 class Skip(Exception):
@@ -103,7 +104,7 @@ class Executor:
 
     def run_op(self, op: Op) -> None:
         t = time.time()
-        handler = getattr(self, f"_op_{op.kind}")
+        handler = getattr(self, f"_op_{op.kind.replace('-', '_')}")
         try:
             node, result, fields = handler(op)
         except Skip as why:
@@ -184,7 +185,32 @@ class Executor:
         self._bind(op, node)
         return node, "ok", {"pid": pid, "exit_code": code}
 
-    def _op_restart(self, op: Op) -> tuple[str, str, dict[str, Any]]:
+    def _op_kill9_all(self, op: Op) -> tuple[str | None, str, dict[str, Any]]:
+        """kill -9 every node that runs, frozen ones included, at once; a node already down stays down.
+
+        No rule about other nodes down or rejoining: that is the point.  The
+        trace's ``node`` is the node that was primary (or the first killed).
+        """
+        primary = self.cluster.primary()
+        frozen = [n for n, node in self.cluster.nodes.items() if node.frozen and node.running]
+        already_down = [n for n, node in self.cluster.nodes.items() if node.down or not node.running]
+        pids = self.cluster.kill_all()
+        if not pids:
+            raise Skip("no node is running")
+        killed = list(pids)
+        self.bindings[op.label or "-"] = Binding(None, nodes=killed)
+        node = primary if primary in pids else killed[0]
+        return node, "ok", {"killed": killed, "pids": pids, "already_down": already_down, "frozen": frozen,
+                            "primary": primary}
+
+    def _op_restart(self, op: Op) -> tuple[str | None, str, dict[str, Any]]:
+        binding = self.bindings.get(op.target[1:]) if op.target.startswith("@") else None
+        if binding is not None and binding.nodes:  # a kill9-all: every node it killed, at once
+            down = [n for n in binding.nodes if self.cluster.nodes[n].down]
+            if not down:
+                raise Skip(f"none of {','.join(binding.nodes)} is down")
+            pids = {n: self.cluster.restart(n) for n in down}
+            return None, "ok", {"restarted": down, "pids": pids}
         node = self._resolve(op.target)
         if not self.cluster.nodes[node].down:
             raise Skip(f"{node} is not down")

@@ -184,7 +184,8 @@ def _summary(schedule: Schedule, round_id: str, verdict: QueueVerdict, checks: l
 
 
 def _keep_logs(result: dict[str, Any], settings: Settings, workdir: Path, round_id: str) -> str | None:
-    """Copy the node, etcd and client logs next to the traces if the schedule had a problem (or keep_logs)."""
+    """Copy the node, etcd and client logs (and the nodes' data dirs: journals, wiring) next to the traces
+    if the schedule had a problem (or keep_logs)."""
     try:
         if result["ok"] and not settings.keep_logs:
             return None
@@ -193,6 +194,8 @@ def _keep_logs(result: dict[str, Any], settings: Settings, workdir: Path, round_
         for path in workdir.iterdir():
             if path.is_file():
                 shutil.copy2(path, target / path.name)
+            elif path.is_dir():
+                shutil.copytree(path, target / path.name, dirs_exist_ok=True)
         return str(target)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -2,8 +2,8 @@
 
 A schedule is an ordered tuple of :class:`Op`.  The runner executes them one
 after another; faults overlap because a fault lasts until its own undo op
-(``sigstop`` ... ``sigcont``, ``partition`` ... ``heal``, ``kill9`` ...
-``restart``) and other ops may come in between.  Time passes only in
+(``sigstop`` ... ``sigcont``, ``partition`` ... ``heal``, ``kill9`` or
+``kill9-all`` ... ``restart``) and other ops may come in between.  Time passes only in
 ``sleep`` ops and in the bounded waits of the others.
 
 Ops name nodes by role, resolved when they run (``primary``, ``backup``), by
@@ -12,12 +12,17 @@ acted on).  So a schedule is a pure value: :func:`random_schedule` builds
 the same one for the same seed (Jepsen's generators are replayable the same
 way), and the fixed schedules are reviewed like code.
 
-The rules that keep the checker's verdict meaningful for an in-memory broker
-(messages live only in the nodes' memory) are built into the generator and
-enforced again by the runner: at most one node down (killed or terminated)
-at a time, and a restarted node must report ``backup`` before another may go
-down; at most one node frozen and at most one partition at a time; at most
-two faults at once; every schedule ends with every fault undone.
+The rules are built into the generator and enforced again by the runner:
+at most one node down (killed or terminated) at a time, and a restarted node
+must report ``backup`` before another may go down; at most one node frozen
+and at most one partition at a time; at most two faults at once; every
+schedule ends with every fault undone.  The one exception is ``kill9-all``:
+kill -9 of every node at once (possibly while one is already down), then
+all of them started again.  The workload's messages are durable and the
+nodes keep a journal (``--data-dir``), so the restarted cluster must elect a
+primary from the most recent store by itself and still hold every
+acknowledged message.  Nothing else starts while it lasts, nor in the
+``REJOIN`` s after its restart; it never overlaps a freeze or a partition.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ NODE_IDS = ("n1", "n2", "n3")
 # -- op kinds (also the ``op`` field of the trace's ``nemesis`` events) -----------------------------
 SLEEP = "sleep"
 KILL9 = "kill9"
+KILL9_ALL = "kill9-all"  # kill -9 every node at once (target empty), later `restart @L` starts them all
 SIGSTOP = "sigstop"
 SIGCONT = "sigcont"
 SIGTERM = "sigterm"
@@ -49,19 +55,20 @@ AWAIT_ACKED = "await_acked"  # arg: producer name; until count of its messages w
 AWAIT_PRIMARY = "await_primary"  # a primary other than target (a label), bound to label
 AWAIT_STATE = "await_state"  # target reports state arg
 
-OP_KINDS = (SLEEP, KILL9, SIGSTOP, SIGCONT, SIGTERM, RESTART, PROMOTE, PARTITION, HEAL, CHECK, ELECT_EACH, PIN,
+OP_KINDS = (SLEEP, KILL9, KILL9_ALL, SIGSTOP, SIGCONT, SIGTERM, RESTART, PROMOTE, PARTITION, HEAL, CHECK, ELECT_EACH, PIN,
             PRODUCER, SEND, RATE, AWAIT_ACKED, AWAIT_PRIMARY, AWAIT_STATE)
-NODE_FAULTS = (KILL9, SIGSTOP, SIGTERM)
-UNDO = {KILL9: RESTART, SIGTERM: RESTART, SIGSTOP: SIGCONT, PARTITION: HEAL}
+NODE_FAULTS = (KILL9, KILL9_ALL, SIGSTOP, SIGTERM)
+UNDO = {KILL9: RESTART, KILL9_ALL: RESTART, SIGTERM: RESTART, SIGSTOP: SIGCONT, PARTITION: HEAL}
 
 # -- fault kinds a random schedule draws from (``--faults``) -----------------------------------------
 PRIMARY_ETCD = "primary-etcd"  # the primary cannot reach etcd (nor etcd it)
 PRIMARY_BACKUPS = "primary-backups"  # the primary cannot reach the other nodes
 CLIENTS_PRIMARY = "clients-primary"  # the clients cannot reach the primary
 PARTITIONS = (PRIMARY_ETCD, PRIMARY_BACKUPS, CLIENTS_PRIMARY)
-FAULT_KINDS = (KILL9, SIGSTOP, SIGTERM, PROMOTE, *(f"{PARTITION}-{p}" for p in PARTITIONS))
+FAULT_KINDS = (KILL9, KILL9_ALL, SIGSTOP, SIGTERM, PROMOTE, *(f"{PARTITION}-{p}" for p in PARTITIONS))
 FAULT_ALIASES = {
-    "kill": KILL9, "kill9": KILL9, "stop": SIGSTOP, "sigstop": SIGSTOP, "term": SIGTERM, "sigterm": SIGTERM,
+    "kill": KILL9, "kill9": KILL9, "all": KILL9_ALL, "kill-all": KILL9_ALL, "stop": SIGSTOP, "sigstop": SIGSTOP,
+    "term": SIGTERM, "sigterm": SIGTERM,
     "promote": PROMOTE, "etcd": f"{PARTITION}-{PRIMARY_ETCD}", "backups": f"{PARTITION}-{PRIMARY_BACKUPS}",
     "clients": f"{PARTITION}-{CLIENTS_PRIMARY}", **{kind: kind for kind in FAULT_KINDS},
 }
@@ -71,8 +78,11 @@ WARMUP = 2.0  # s of load before the first fault
 FAULT_WINDOW = 24.0  # faults start within this many s of the first one
 EPISODES = (3, 5)  # faults per schedule, inclusive
 FREEZE = (3.0, 5.0)  # SIGSTOP beyond the lease
-DOWN = (1.0, 3.0)  # kill -9 / SIGTERM until the restart
+DOWN = (1.0, 3.0)  # kill -9 / SIGTERM / kill9-all until the restart
 CUT = (3.0, 6.0)  # partition until the heal
+ONE_DOWN_FIRST = 1 / 3  # share of kill9-all faults that find one node down already
+ONE_DOWN_LEAD = (0.5, 2.0)  # s that node is down before kill9-all
+ONE_DOWN_LAG = (0.0, 2.0)  # s after kill9-all's restart that node is restarted
 REJOIN = 6.0  # s after a restart counted as still down (catch-up) when placing the next kill
 GAP = (0.5, 6.0)  # s between the starts of consecutive faults
 
@@ -132,6 +142,8 @@ class _Episode:
         """Faults of one class never overlap (see the module docstring)."""
         if self.kind in (KILL9, SIGTERM):
             return "down"
+        if self.kind == KILL9_ALL:
+            return "all-down"
         if self.kind.startswith(PARTITION):
             return PARTITION
         return self.kind
@@ -139,7 +151,7 @@ class _Episode:
     @property
     def busy_until(self) -> float:
         """Until when another fault of the same class must wait (a restarted node catches up first)."""
-        return self.end + (REJOIN if self.exclusive_class == "down" else 0.0)
+        return self.end + (REJOIN if self.exclusive_class in ("down", "all-down") else 0.0)
 
 
 def parse_faults(text: str) -> tuple[str, ...]:
@@ -177,11 +189,21 @@ def random_schedule(seed: int, faults: Sequence[str] = FAULT_KINDS,
 def _place_episodes(rng: random.Random, faults: list[str], node_ids: list[str]) -> list[_Episode]:
     episodes: list[_Episode] = []
     start = WARMUP
-    for _ in range(rng.randint(*EPISODES)):
+    count = rng.randint(*EPISODES)
+    while len(episodes) < count:
         kind = rng.choice(faults)
-        length = {KILL9: DOWN, SIGTERM: DOWN, SIGSTOP: FREEZE, PROMOTE: (0.0, 0.0)}.get(kind, CUT)
+        if kind == KILL9_ALL and len(episodes) + 2 <= count and rng.random() < ONE_DOWN_FIRST:
+            pair = _one_down_then_all(rng, start, episodes)
+            if pair[0].start > WARMUP + FAULT_WINDOW:
+                break
+            episodes += pair
+            start = round(pair[1].start + rng.uniform(*GAP), 1)
+            continue
+        length = {KILL9: DOWN, KILL9_ALL: DOWN, SIGTERM: DOWN, SIGSTOP: FREEZE, PROMOTE: (0.0, 0.0)}.get(kind, CUT)
         duration = round(rng.uniform(*length), 1)
-        if kind == PROMOTE:
+        if kind == KILL9_ALL:
+            target = ""  # every node
+        elif kind == PROMOTE:
             target = rng.choice(node_ids)
         elif kind.startswith(PARTITION):
             target = "primary"
@@ -198,15 +220,46 @@ def _place_episodes(rng: random.Random, faults: list[str], node_ids: list[str]) 
     return episodes
 
 
+def _one_down_then_all(rng: random.Random, start: float, placed: list[_Episode]) -> list[_Episode]:
+    """A node killed (or terminated) first, then ``kill9-all`` while it is down; it is restarted with or
+    after the others, so its store is older than theirs when the cluster comes back."""
+    down = rng.choice([KILL9, SIGTERM])
+    target = rng.choice(["primary", "backup"])
+    lead = round(rng.uniform(*ONE_DOWN_LEAD), 1)
+    duration = round(rng.uniform(*DOWN), 1)
+    lag = round(rng.uniform(*ONE_DOWN_LAG), 1)
+    start = _clear_of_everything(start, placed)
+    return [_Episode(down, start, round(start + lead + duration + lag, 1), target),
+            _Episode(KILL9_ALL, round(start + lead, 1), round(start + lead + duration, 1), "")]
+
+
+def _clear_of_everything(start: float, placed: list[_Episode]) -> float:
+    """The first time from ``start`` on at which no placed fault is active, nor a restarted node rejoining."""
+    busy = [(e.start, e.busy_until) for e in placed if e.kind != PROMOTE]
+    for _ in range(len(busy) + 1):
+        ends = [until for began, until in busy if began <= start < until]
+        if not ends:
+            break
+        start = round(max(ends) + 0.5, 1)
+    return start
+
+
 def _shift_clear(candidate: _Episode, placed: list[_Episode]) -> _Episode:
     """Move ``candidate`` later until it overlaps no fault of its class and at most one other fault.
 
     Every placed episode starts no later than ``candidate``, so overlapping
-    means ending after its start; each move passes at least one end.
+    means ending after its start; each move passes at least one end.  A
+    ``kill9-all`` also keeps everything else away until its ``busy_until``
+    and may start only while no node is frozen and no partition is in place.
     """
-    for _ in range(len(placed) + 1):
+    for _ in range(2 * len(placed) + 1):  # each move passes an end or a busy_until: at most two per episode
         limits = [e.busy_until for e in placed
                   if e.exclusive_class == candidate.exclusive_class and candidate.start < e.busy_until]
+        # nothing starts while every node is down or the cluster is coming back from it
+        limits += [e.busy_until for e in placed if e.kind == KILL9_ALL and candidate.start < e.busy_until]
+        if candidate.kind == KILL9_ALL:  # it may find one node down (or rejoining), not frozen or cut off
+            limits += [e.end for e in placed if e.kind == SIGSTOP or e.kind.startswith(PARTITION)
+                       if candidate.start < e.end]
         running = sorted(e.end for e in placed if e.kind != PROMOTE and candidate.start < e.end)
         if candidate.kind != PROMOTE and len(running) >= 2:
             limits.append(running[0])
@@ -389,8 +442,27 @@ def _frozen_primary_killed_backup() -> Schedule:
                     "takes over; resume, restart, then elect the formerly frozen and the killed node in turn")
 
 
+def _every_node_killed() -> Schedule:
+    ops = (
+        Op(SLEEP, seconds=WARMUP),
+        # a backlog of acknowledged durable messages in every node's journal (p1 is one of three producers)
+        Op(AWAIT_ACKED, arg="p1", count=60, seconds=15),
+        Op(KILL9_ALL, label="A"),
+        Op(SLEEP, seconds=2.0),
+        Op(RESTART, target="@A"),
+        Op(CHECK),
+        Op(ELECT_EACH, target=",".join(NODE_IDS)),
+    )
+    return Schedule(
+        name="every-node-killed", ops=ops, faults=(KILL9_ALL, PROMOTE),
+        description="under load (durable messages, journals), kill -9 every node at once; start them all again: "
+                    "they must elect a primary from the most recent store by themselves and hold every "
+                    "acknowledged message; then elect each node in turn and drain")
+
+
 FIXED: dict[str, Schedule] = {s.name: s for s in (
     _frozen_primary_rejoins(), _frozen_primary_reelected(), _partitioned_primary_killed(),
     _primary_cut_from_etcd(), _frozen_primary_killed_backup(), _frozen_primary_resumes_cut_from_etcd(),
+    _every_node_killed(),
 )}
 """The named, deterministic schedules (``--fixed``), in the order they run."""

@@ -78,7 +78,7 @@ class Trace:
         return path
 
 
-FAULT_OPS = ("kill9", "sigstop", "sigterm", "partition", "promote")
+FAULT_OPS = ("kill9", "kill9-all", "sigstop", "sigterm", "partition", "promote")
 
 
 def add_cluster_events(trace: Trace, cluster: Cluster, until: float) -> list[str]:

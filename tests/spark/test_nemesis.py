@@ -256,7 +256,7 @@ def test_spark_expressions_agree_with_the_documented_functions(spark):
         ("kill9", None, "ok"), ("partition", "primary-etcd", "skipped: n1 is down"),
         ("partition", None, "ok"), ("heal", None, "timeout: x"), ("promote", "x", "refused: no"),
         ("check", None, "MISMATCH"), ("elect_each", None, "failed: n2 exited"),
-        ("send", "b", "weird"), ("restart", None, "ok"), ("sigcont", None, "ok"),
+        ("send", "b", "weird"), ("restart", None, "ok"), ("sigcont", None, "ok"), ("kill9-all", None, "ok"),
     ]
     df = spark.createDataFrame(cases, "op string, arg string, result string")
     got = df.select(

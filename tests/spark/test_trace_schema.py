@@ -91,7 +91,7 @@ def test_the_nemesis_writes_the_names_the_analysis_reads():
     assert {ts.op_role(op) for op in schedule.UNDO.values()} == {ts.ROLE_RECOVERY}
     assert {ts.op_role(op) for op in (schedule.CHECK, schedule.ELECT_EACH)} == {ts.ROLE_CHECK}
     for kind in schedule.FAULT_KINDS:  # every fault kind a schedule declares is a fault type
-        op, _, arg = kind.partition("-")
+        op, _, arg = (kind, "", "") if kind in ts.NEMESIS_FAULT_OPS else kind.partition("-")
         assert ts.op_role(op) == ts.ROLE_FAULT and ts.fault_type(op, arg or None) == kind
     for op in (schedule.PIN, schedule.PRODUCER, schedule.SEND, schedule.RATE,
                schedule.AWAIT_ACKED, schedule.AWAIT_PRIMARY, schedule.AWAIT_STATE):

@@ -37,17 +37,23 @@ def test_random_schedules_keep_the_rules(seed):
     for op in ops:
         if op.kind in (s.RESTART, s.SIGCONT, s.HEAL):
             assert s.UNDO[kinds[op.target.lstrip("@")]] == op.kind
-    # overlaps: at most two faults at once, one per class, and a node down only after the last one rejoined
+    # overlaps: at most two faults at once, one per class, and a node down only after the last one rejoined;
+    # kill9-all may find one node down (or rejoining), nothing else; nothing starts until its nodes rejoined
     active: dict[str, str] = {}
-    last_restart = -100.0
+    last_restart = last_all_restart = -100.0
     for t, what, label in _simulate(ops):
         kind = kinds[label]
         if what == "undo":
             del active[label]
             if kind in (s.KILL9, s.SIGTERM):
                 last_restart = t
+            if kind == s.KILL9_ALL:
+                last_all_restart = t
             continue
         assert len(active) < 2, (seed, schedule)
+        assert s.KILL9_ALL not in active.values() and t >= last_all_restart + s.REJOIN, (seed, schedule)
+        if kind == s.KILL9_ALL:
+            assert set(active.values()) <= {s.KILL9, s.SIGTERM}, (seed, schedule)
         cls = "down" if kind in (s.KILL9, s.SIGTERM) else kind
         assert cls not in {"down" if k in (s.KILL9, s.SIGTERM) else k for k in active.values()}, (seed, schedule)
         if cls == "down":
@@ -90,6 +96,7 @@ def test_restricted_fault_kinds():
 def test_parse_faults():
     assert s.parse_faults("kill, stop,etcd") == (s.KILL9, s.SIGSTOP, "partition-primary-etcd")
     assert s.parse_faults("kill,kill9") == (s.KILL9,)
+    assert s.parse_faults("kill9-all,all") == (s.KILL9_ALL,)
     with pytest.raises(ValueError, match="unknown fault 'fire'"):
         s.parse_faults("kill,fire")
     with pytest.raises(ValueError):
@@ -104,7 +111,7 @@ def test_unknown_kinds_are_refused():
 def test_fixed_schedules_bind_labels_before_using_them():
     assert list(s.FIXED) == ["frozen-primary-rejoins", "frozen-primary-reelected", "partitioned-primary-killed",
                              "primary-cut-from-etcd", "frozen-primary-killed-backup",
-                             "frozen-primary-resumes-cut-from-etcd"]
+                             "frozen-primary-resumes-cut-from-etcd", "every-node-killed"]
     for schedule in s.FIXED.values():
         bound: set[str] = set()
         for op in schedule.ops:
@@ -129,6 +136,32 @@ def test_the_minimal_reproduction_runs_without_background_load():
     assert kinds.count(s.SIGSTOP) == kinds.count(s.PROMOTE) == s.REPRO_ROUNDS
 
 
+def test_kill9_all_sometimes_finds_a_node_down():
+    """Down before it; restarted alone while the others are still dead, or with or after them."""
+    found = after = 0
+    for seed in range(200):
+        ops = s.random_schedule(seed).ops
+        kinds = {op.label: op.kind for op in ops if op.label}
+        events = _simulate(ops)
+        for t, what, label in events:
+            if what != "start" or kinds[label] != s.KILL9_ALL:
+                continue
+            all_back = next(u for u, w, other in events if w == "undo" and other == label)
+            down = [other for u, w, other in events if w == "start" and u < t and kinds[other] in (s.KILL9, s.SIGTERM)
+                    and next(v for v, x, o in events if x == "undo" and o == other) >= t]
+            if down:
+                found += 1
+                (other,) = down
+                after += next(v for v, x, o in events if x == "undo" and o == other) >= all_back
+    assert found >= 20 and after >= 10
+
+
+def test_every_node_killed_restarts_them_all_and_elects_each():
+    ops = [op for op in s.FIXED["every-node-killed"].ops if op.kind != s.SLEEP]
+    assert [op.kind for op in ops] == [s.AWAIT_ACKED, s.KILL9_ALL, s.RESTART, s.CHECK, s.ELECT_EACH]
+    assert ops[2].target == f"@{ops[1].label}" and sorted(ops[4].target.split(",")) == list(s.NODE_IDS)
+
+
 def test_the_race_free_reproduction_resumes_the_node_cut_from_etcd():
     kinds = [op.kind for op in s.FIXED["frozen-primary-resumes-cut-from-etcd"].ops]
     assert kinds.index(s.PARTITION) < kinds.index(s.SIGCONT) < kinds.index(s.HEAL) < kinds.index(s.PROMOTE)
@@ -144,6 +177,6 @@ def test_ops_describe_themselves():
 def test_every_op_kind_has_a_handler():
     from benchmarks.nemesis.executor import Executor
 
-    assert all(hasattr(Executor, f"_op_{kind}") for kind in s.OP_KINDS if kind != s.SLEEP)
+    assert all(hasattr(Executor, f"_op_{kind.replace('-', '_')}") for kind in s.OP_KINDS if kind != s.SLEEP)
     for schedule in [*s.FIXED.values(), *(s.random_schedule(seed) for seed in range(50))]:
         assert {op.kind for op in schedule.ops} <= set(s.OP_KINDS)
