@@ -27,8 +27,10 @@ pytestmark = [pytest.mark.etcd, pytest.mark.timeout(150)]
 
 
 def _namespaces() -> set[str]:
+    """This process's nemesis namespaces (``network.py`` names them by pid: another run's come and go)."""
+    mine = f"nemesis-{os.getpid() % 100000:05d}"
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10, check=True).stdout
-    return {line.split()[0] for line in listed.splitlines() if line.startswith("nemesis-")}
+    return {line.split()[0] for line in listed.splitlines() if line.startswith(mine)}
 
 
 @pytest.mark.parametrize("name", list(FIXED))
