@@ -12,7 +12,7 @@ application is told to use a hot-standby cluster, with proton's own reconnect
 and a **fixed 0.1 s delay** before every attempt (``FixedBackoff``; proton's
 default starts at 0 and doubles up to 10 s, which would measure the client's
 patience rather than the cluster's failover).  This is the client of
-``reference/peers-measured.md`` (RabbitMQ failover: URL list, fixed 0.1 s
+the peers measured on this machine (RabbitMQ failover: URL list, fixed 0.1 s
 backoff, one message every 10 ms).  Three accommodations, all the client's:
 
 - **Heartbeat.**  ``--heartbeat`` (default 1 s) is proton's local idle

@@ -1,7 +1,7 @@
 """Per-queue DR replication between real nodes (``hastandby replicate``).
 
 Qpid's test_standalone_queue_replica and test_standalone_queue_replica_failover
-(reference/qpid-ha.md section 5.2 items 10-11), then our own: both modes side
+(the Qpid C++ HA test suite, ha_tests.py, its DR-like cases), then our own: both modes side
 by side, link cuts mid-stream, a replica restart, source consumers racing an
 enqueue-mode link, backlog overflow, and what a replica refuses.  Links are
 cut with a TCP proxy (benchmarks/delay_proxy.py) between replica and source.

@@ -1,7 +1,7 @@
 """Failover and recovery against real node processes: Qpid's ha_tests.py failover scenarios.
 
 Each test is named after the scenario of Qpid's src/tests/ha_tests.py it ports
-(reference/qpid-ha.md section 5.2); the docstring says where ours differs.
+(the Qpid C++ HA test suite, ha_tests.py); the docstring says where ours differs.
 Clients are python-qpid-proton ``Container`` clients given the URL list of
 every node (tests/support/failover_client.py) and the proton C examples.
 Every wait is bounded.  Node logs are printed when a test fails.
