@@ -9,6 +9,9 @@ Hooks for the layers above (the core knows nothing of HA):
 
 - ``admission(connection) -> Refusal | None``: refuse a connection at open
   (a backup refuses clients).
+- ``open_properties(connection) -> dict | None``: the connection properties
+  of the Open frame sent to an admitted connection (HA's
+  ``failover-server-list``).
 - ``attach_hooks``: each may claim an incoming attach before the default
   handling (HA's replicating subscriptions).
 - ``authority`` (``authority.py``): every attach is checked against it
@@ -128,6 +131,7 @@ class BrokerHandler(Handler):
         self.container_id = "hastandby"
         self.driver: Driver = Driver(self)
         self.admission: Admission = lambda connection: None
+        self.open_properties: Callable[[Connection], "dict[Any, Any] | None"] = lambda connection: None
         self.fence = Fence()
         self.memory = MemoryAlarm(high=2**62)  # the node sets its watermark and samples it
         self.memory.listeners.append(self._memory_changed)
@@ -209,6 +213,9 @@ class BrokerHandler(Handler):
             connection.open()
             self._end(connection, Refusal(Condition(error.condition, str(error))))
             return
+        properties = self.open_properties(connection)
+        if properties:
+            connection.properties = properties
         connection.open()
         self.connections.add(connection)
         self._per_user[user] += 1

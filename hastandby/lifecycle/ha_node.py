@@ -6,7 +6,9 @@ order.  An illegal transition is logged with both states and stops
 replication and client service rather than going on in an undefined role.
 
 Roles plug into the broker core through its hooks only: the admission hook
-(a backup refuses clients, naming the primary or redirecting to it), attach
+(a backup refuses clients, naming the primary or redirecting to it), the
+Open frame's properties (the primary advertises every member in
+``failover-server-list``, as ActiveMQ Artemis does), attach
 hooks (the primary claims the backups' replication links; a backup refuses
 admin writes to replicated objects), management guards and operations
 (``PROMOTE``), and status/query extras.
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import structlog
-from proton import Condition, Connection, Link, Terminus, symbol
+from proton import Condition, Connection, Link, Terminus, int32, symbol
 
 from hastandby.broker.errors import BrokerError, NotAllowed
 from hastandby.broker.management import MUTATING, Deferred, Request
@@ -50,6 +52,11 @@ from .states import (
 )
 
 log = structlog.get_logger("hastandby.ha")
+
+# The Open frame's connection property that lists where a client may fail over to, as ActiveMQ Artemis
+# sends it and Qpid JMS reads it (QPIDJMS-267): a list of maps shaped like the amqp:connection:redirect
+# error's info, with symbol keys and string values (the port an int).
+FAILOVER_SERVER_LIST = symbol("failover-server-list")
 
 
 @dataclass
@@ -113,6 +120,7 @@ class HaNode:
         )
         node.state = str(self.status.state)
         node.handler.admission = self._admit
+        node.handler.open_properties = self._open_properties
         node.handler.attach_hooks.append(self._attach)
         node.management.guards.append(self._guard)
         node.management.register("PROMOTE", self._promote)
@@ -469,6 +477,22 @@ class HaNode:
         where = f"; the primary is {primary}" if primary else "; the primary is not known yet"
         condition = Condition("amqp:connection:forced", f"{me}, not the primary{where}")
         return Refusal(condition, abort=self.config.client_refusal == "abort")
+
+    def failover_list(self) -> list[dict[symbol, Any]]:
+        """Every member's client address (the brokers URL, or etcd's members), in Artemis's form."""
+        scheme = "amqps" if self.node.config.peer_tls else "amqp"  # the brokers URL names TLS listeners then
+        entries = []
+        for address in self._member_addresses():
+            host, port = split_hostport(address)
+            entries.append({symbol("network-host"): host, symbol("port"): int32(port),
+                            symbol("scheme"): scheme, symbol("hostname"): host})
+        return entries
+
+    def _open_properties(self, connection: Connection) -> dict[symbol, Any] | None:
+        """The primary's Open frame names every member, so that clients learn where to fail over to."""
+        if not self.is_primary:
+            return None
+        return {FAILOVER_SERVER_LIST: self.failover_list()}
 
     def _admit(self, connection: Connection) -> Refusal | None:
         if self._is_admin(connection):
