@@ -176,7 +176,8 @@ def _summary(schedule: Schedule, round_id: str, verdict: QueueVerdict, checks: l
         "skipped_ops": executor.skipped if executor is not None else [],
         "failed_ops": executor.failed if executor is not None else [],
         "client_events": {kind: history.count(kind) for kind in
-                          ("in_doubt", "rejected", "released", "empty", "undecodable", "error", "link_error")},
+                          ("in_doubt", "rejected", "released", "empty", "undecodable", "error", "link_error",
+                           "container_restarted")},
         "node_problems": problems[:20],
         "duration_s": round(time.time() - started, 1),
         "trace": str(trace_path),

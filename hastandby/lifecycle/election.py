@@ -37,7 +37,7 @@ from .decide import (
     UpdateSync,
     decide,
 )
-from .states import Event, NodeStatus
+from .states import Event, NodeStatus, State
 
 log = structlog.get_logger("hastandby.election")
 
@@ -151,6 +151,8 @@ class ElectionLoop:
             snapshot = None
         self.snapshot = snapshot
         status = self.node.status
+        if status.state is State.STOPPED:
+            return  # shutting down: the loop is about to stop, there is nothing left to decide
         decision = decide(
             self.node.node_id,
             status,
