@@ -17,20 +17,34 @@ to the primary as ``peer``, clients as ``app`` with PLAIN, management as
 Prints msg/s per configuration and the ratio to standalone, writes JSON to
 ``benchmarks/results/ha-throughput-<UTC>.json``.
 
+Before/after (``--baseline-tree PATH``, e.g. a ``git worktree`` of an older
+commit): in the same invocation every configuration is measured as well on
+nodes started from that tree (``python -m hastandby serve`` with cwd and
+``PYTHONPATH`` the tree, the same interpreter), alternating baseline and
+current runs, and the current/baseline ratios of every figure are printed
+and recorded.  Each tree gets the node arguments it accepts: a tree whose
+``serve --help`` has no ``--users-file`` has no authentication, so its nodes
+run without it (clients and management connect with SASL ANONYMOUS) while
+the current nodes require it as always; the output says so.
+
     python -m benchmarks.ha_throughput [--count 100000] [--runs 3] [--latency-messages 2000]
+        [--baseline-tree PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -40,35 +54,126 @@ from proton import Message
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
-from hastandby.client import ManagementClient, ManagementError
+from hastandby.client import Login, ManagementClient, ManagementError
 
 from . import _auth, cexamples
 from ._proc import Service, free_port, python_env
-from .throughput import DEFAULT_OUT, FIGURES, LOOPBACK, PHASES, REPO_ROOT, Run, Settings, _measure, _progress, host_info
+from .throughput import (
+    DEFAULT_OUT,
+    FIGURES,
+    LOOPBACK,
+    PHASES,
+    REPO_ROOT,
+    ClientFailure,
+    Run,
+    Settings,
+    _measure,
+    _progress,
+    host_info,
+)
 
 CONFIGURATIONS = {"standalone": 0, "primary+1": 1, "primary+2": 2}
 READY_TIMEOUT = 60.0
+LATENCY_TIMEOUT = 30.0
+"""Seconds the ack latency figure may take beyond 50 ms per message before it counts as stuck."""
+GOAL_TOLERANCE = 0.05
+"""Issues 11 and 14: current within 5 % of the baseline (msg/s >= 0.95x, ack latency <= 1.05x)."""
 
 
-def start_nodes(backups: int, logs: Path, tag: str) -> list[Service]:
-    """A standalone node, or a primary plus ``backups`` caught-up backups."""
+@dataclass(frozen=True)
+class Tree:
+    """The source tree nodes are started from, and what its nodes accept.
+
+    ``current`` is this repository, with authentication required
+    (``_auth``); a baseline tree is an older checkout whose nodes may have
+    no authentication at all (``authenticated=False``: no user arguments,
+    clients and management connect anonymously).
+    """
+
+    name: str
+    root: Path
+    authenticated: bool = True
+    baseline: bool = False
+
+    def env(self) -> dict[str, str]:
+        env = python_env()  # the tree's own package before the venv's editable install of /work/main's
+        env["PYTHONPATH"] = os.pathsep.join([str(self.root), *filter(None, [env.get("PYTHONPATH")])])
+        return env
+
+    def serve_argv(self) -> list[str]:
+        return [sys.executable, "-m", "hastandby", "serve", "--log-format", "json",
+                *(_auth.users().serve_arguments() if self.authenticated else [])]
+
+    def login(self) -> Login:
+        """Management: as ``admin``, or anonymously (an explicit empty Login, not the caller's environment)."""
+        return _auth.users().login() if self.authenticated else Login()
+
+    def client_environment(self) -> dict[str, str] | None:
+        """The C clients' credentials (None: they connect as the stock examples do)."""
+        return _auth.users().client_environment() if self.authenticated else None
+
+    def connect_options(self) -> dict[str, Any]:
+        return _auth.users().connect_options() if self.authenticated else {}
+
+    def describe(self) -> dict[str, Any]:
+        """Commit, uncommitted node changes and where ``hastandby`` is imported from, for the JSON."""
+        def git(*argv: str) -> str:
+            try:
+                return subprocess.run(["git", *argv], cwd=self.root, capture_output=True, text=True, check=False,
+                                      timeout=10).stdout.strip()
+            except (OSError, subprocess.TimeoutExpired):
+                return ""
+        imported = subprocess.run([sys.executable, "-c", "import hastandby; print(hastandby.__file__)"],
+                                  cwd=self.root, env=self.env(), capture_output=True, text=True, check=False,
+                                  timeout=60).stdout.strip()
+        return {"name": self.name, "root": str(self.root), "commit": git("rev-parse", "HEAD"),
+                "uncommitted_node_changes": git("status", "--porcelain", "--", "hastandby").splitlines(),
+                "hastandby_imported_from": imported, "authentication": self.authenticated,
+                "serve_arguments": [a if not a.startswith(("/", "--users-file=")) else "<run's file>"
+                                    for a in self.serve_argv()[4:]]}
+
+
+CURRENT = Tree("current", REPO_ROOT)
+
+
+def baseline_tree(root: Path) -> Tree:
+    """A tree to compare against; whether its nodes know authentication is read from its ``serve --help``."""
+    root = root.resolve()
+    tree = Tree("baseline", root, authenticated=False, baseline=True)
+    if not (root / "hastandby" / "__init__.py").is_file():
+        raise SystemExit(f"--baseline-tree {root}: no hastandby package there")
+    help_text = subprocess.run([sys.executable, "-m", "hastandby", "serve", "--help"], cwd=root, env=tree.env(),
+                               capture_output=True, text=True, check=False, timeout=60).stdout
+    if "--listen" not in help_text:
+        raise SystemExit(f"--baseline-tree {root}: 'python -m hastandby serve --help' failed there")
+    if "--users-file" in help_text:
+        tree = Tree("baseline", root, authenticated=True, baseline=True)
+    imported = tree.describe()["hastandby_imported_from"]
+    if not imported.startswith(str(root)):
+        raise SystemExit(f"--baseline-tree {root}: nodes would import hastandby from {imported}, not the tree")
+    return tree
+
+
+def start_nodes(backups: int, logs: Path, tag: str, tree: Tree = CURRENT) -> list[Service]:
+    """A standalone node, or a primary plus ``backups`` caught-up backups, started from ``tree``."""
     ports = [free_port() for _ in range(backups + 1)]
-    base = [sys.executable, "-m", "hastandby", "serve", "--log-format", "json", *_auth.users().serve_arguments()]
+    base = tree.serve_argv()
     if backups == 0:
         argvs = [base + ["--listen", f"{LOOPBACK}:{ports[0]}"]]
     else:
         brokers = ",".join(f"{LOOPBACK}:{p}" for p in ports)
         argvs = [base + ["--listen", f"{LOOPBACK}:{p}", "--ha-cluster", "--brokers-url", brokers] for p in ports]
-    services = [Service(f"node{i}", argv, logs / f"{tag}-node{i}.log", cwd=REPO_ROOT, env=python_env())
+    services = [Service(f"node{i}", argv, logs / f"{tag}-node{i}.log", cwd=tree.root, env=tree.env())
                 for i, argv in enumerate(argvs)]
+    login = tree.login()
     try:
         for service, port in zip(services, ports):
-            _wait_answering(service, port)
+            _wait_answering(service, port, login=login)
             service.port = port  # type: ignore[attr-defined]
         if backups:
-            _request(ports[0], "PROMOTE")
+            _request(ports[0], "PROMOTE", login=login)
             for port in ports[1:]:
-                _wait_state(port, "backup")
+                _wait_state(port, "backup", login=login)
     except BaseException:
         for service in services:
             service.stop()
@@ -76,30 +181,32 @@ def start_nodes(backups: int, logs: Path, tag: str) -> list[Service]:
     return services
 
 
-def _request(port: int, operation: str, type: str = "", name: str = "", body: dict | None = None) -> Any:
-    with ManagementClient(f"{LOOPBACK}:{port}", timeout=10, login=_auth.users().login()) as client:
+def _request(port: int, operation: str, type: str = "", name: str = "", body: dict | None = None,
+             login: Login | None = None) -> Any:
+    """A management request as ``admin`` (``login``: another, e.g. an anonymous ``Login()`` for a baseline)."""
+    with ManagementClient(f"{LOOPBACK}:{port}", timeout=10, login=login or _auth.users().login()) as client:
         return client.request(operation, type, name, body)
 
 
-def _wait_answering(service: Service, port: int) -> None:
+def _wait_answering(service: Service, port: int, login: Login | None = None) -> None:
     """Cluster nodes refuse plain clients until primary, so ask as an admin (management ping)."""
     deadline = time.monotonic() + READY_TIMEOUT
     while time.monotonic() < deadline:
         if not service.running():
             raise RuntimeError(f"{service.name} exited: {service.log_tail()}")
         try:
-            _request(port, "PING")
+            _request(port, "PING", login=login)
             return
         except ManagementError:
             time.sleep(0.1)
     raise TimeoutError(f"{service.name} not answering on port {port}")
 
 
-def _wait_state(port: int, state: str, timeout: float = READY_TIMEOUT) -> float:
+def _wait_state(port: int, state: str, timeout: float = READY_TIMEOUT, login: Login | None = None) -> float:
     started = time.monotonic()
     while time.monotonic() - started < timeout:
         try:
-            if _request(port, "STATUS")["state"] == state:
+            if _request(port, "STATUS", login=login)["state"] == state:
                 return time.monotonic() - started
         except ManagementError:
             pass
@@ -110,15 +217,25 @@ def _wait_state(port: int, state: str, timeout: float = READY_TIMEOUT) -> float:
 class _LatencySender(MessagingHandler):
     """One message in flight: the time from send to 'accepted' is the acknowledgement latency."""
 
-    def __init__(self, url: str, address: str, count: int) -> None:
+    def __init__(self, url: str, address: str, count: int, connect_options: dict[str, Any] | None = None,
+                 timeout: float | None = None) -> None:
         super().__init__()
         self.url, self.address, self.count = url, address, count
+        self.connect_options = _auth.users().connect_options() if connect_options is None else connect_options
+        self.timeout = timeout
+        self.timed_out = False
         self.latencies: list[float] = []
         self._sent_at = 0.0
 
     def on_start(self, event: Any) -> None:
-        connection = event.container.connect(self.url, reconnect=False, **_auth.users().connect_options())
+        if self.timeout is not None:
+            event.container.schedule(self.timeout, self)
+        connection = event.container.connect(self.url, reconnect=False, **self.connect_options)
         event.container.create_sender(connection, self.address)
+
+    def on_timer_task(self, event: Any) -> None:
+        self.timed_out = True
+        event.container.stop()
 
     def on_sendable(self, event: Any) -> None:
         if self._sent_at == 0.0 and len(self.latencies) < self.count:
@@ -134,12 +251,16 @@ class _LatencySender(MessagingHandler):
             self.on_sendable(event)
 
 
-def ack_latency(port: int, queue: str, count: int) -> dict[str, float]:
-    sender = _LatencySender(f"amqp://{LOOPBACK}:{port}", queue, count)
+def ack_latency(port: int, queue: str, count: int, connect_options: dict[str, Any] | None = None,
+                timeout: float | None = None) -> dict[str, float]:
+    """p50/p99/max of send -> accepted, one message in flight; ``timeout`` default 30 s + 50 ms per message."""
+    timeout = LATENCY_TIMEOUT + 0.05 * count if timeout is None else timeout
+    sender = _LatencySender(f"amqp://{LOOPBACK}:{port}", queue, count, connect_options, timeout)
     Container(sender).run()
     ordered = sorted(sender.latencies)
     if len(ordered) < count:
-        raise RuntimeError(f"only {len(ordered)} of {count} latency messages were accepted")
+        why = f" (stopped after {timeout:.0f} s)" if sender.timed_out else ""
+        raise RuntimeError(f"only {len(ordered)} of {count} latency messages were accepted{why}")
     return {
         "p50_ms": ordered[len(ordered) // 2] * 1e3,
         "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e3,
@@ -147,56 +268,120 @@ def ack_latency(port: int, queue: str, count: int) -> dict[str, float]:
     }
 
 
-def measure(config: str, round_no: int, settings: Settings, latency_messages: int, logs: Path) -> dict[str, Any]:
+def measure(config: str, round_no: int, settings: Settings, latency_messages: int, logs: Path,
+            tree: Tree = CURRENT, label: str | None = None) -> dict[str, Any]:
+    """One round of one configuration on fresh nodes from ``tree``; a failure is recorded, not raised."""
     tag = uuid.uuid4().hex[:8]
-    services = start_nodes(CONFIGURATIONS[config], logs, f"{config}-r{round_no}")
-    primary = services[0]
-    port = primary.port  # type: ignore[attr-defined]
-    result: dict[str, Any] = {"config": config, "round": round_no, "runs": []}
+    label = label or config
+    result: dict[str, Any] = {"config": config, "tree": tree.name, "round": round_no, "runs": [], "error": None}
+    queues = {"send": f"q-{tag}", "receive": f"q-{tag}", "concurrent": f"c-{tag}"}
+    runs = {figure: Run(round_no, label, figure, queues[figure], settings.count) for figure in FIGURES}
+    services: list[Service] = []
     try:
-        queues = {"send": f"q-{tag}", "receive": f"q-{tag}", "concurrent": f"c-{tag}"}
+        services = start_nodes(CONFIGURATIONS[config], logs, f"{tree.name}-{config}-r{round_no}", tree)
+        primary = services[0]
+        port = primary.port  # type: ignore[attr-defined]
         for name in set(queues.values()) | {f"lat-{tag}"}:
-            _request(port, "CREATE", "queue", name, {"arguments": {"qpid.replicate": "all"}})
+            _request(port, "CREATE", "queue", name, {"arguments": {"qpid.replicate": "all"}}, login=tree.login())
         for figure in FIGURES:
-            run = Run(round_no, config, figure, queues[figure], settings.count)
-            _measure(run, primary, partial(PHASES[figure], settings, port, run.queue,
-                                           _auth.users().client_environment()))
+            run = runs[figure]
+            if figure == "receive" and not runs["send"].ok:
+                run.error = "not run: the send figure that fills its queue failed"
+            else:
+                _measure(run, primary, partial(PHASES[figure], settings, port, run.queue, tree.client_environment()))
             _progress(run, settings.runs)
-            result["runs"].append(asdict(run))
-        result["ack_latency"] = ack_latency(port, f"lat-{tag}", latency_messages)
+        result["ack_latency"] = ack_latency(port, f"lat-{tag}", latency_messages, tree.connect_options())
         lat = result["ack_latency"]
-        print(f"round {round_no}/{settings.runs}  {config:<10} ack latency p50 {lat['p50_ms']:.2f} ms "
+        print(f"round {round_no}/{settings.runs}  {label:<10} ack latency p50 {lat['p50_ms']:.2f} ms "
               f"p99 {lat['p99_ms']:.2f} ms", flush=True)
+    except (ManagementError, ClientFailure, RuntimeError, TimeoutError, OSError) as error:
+        result["error"] = f"{type(error).__name__}: {error}"
+        print(f"round {round_no}/{settings.runs}  {label:<10} *** FAILED *** {result['error']}", flush=True)
     finally:
         for service in services:
             service.stop()
+    for run in runs.values():
+        if not run.ok and run.error is None:
+            run.error = result["error"] or "not run"
+    result["runs"] = [asdict(run) for run in runs.values()]
     return result
 
 
-def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _ratio(mine: float | None, reference: float | None) -> float | None:
+    return mine / reference if mine is not None and reference else None
+
+
+def summarize(results: list[dict[str, Any]], tree: str = CURRENT.name) -> dict[str, Any]:
+    """Medians per configuration of one tree's rounds: msg/s and primary CPU per figure, ack latency."""
     summary: dict[str, Any] = {}
     for config in CONFIGURATIONS:
-        mine = [r for r in results if r["config"] == config]
-        figures = {}
+        mine = [r for r in results if r["config"] == config and r.get("tree", CURRENT.name) == tree]
+        figures, cpu = {}, {}
         for figure in FIGURES:
-            rates = [run["msg_per_s"] for r in mine for run in r["runs"] if run["figure"] == figure and run["ok"]]
-            figures[figure] = statistics.median(rates) if rates else None
-        p50 = [r["ack_latency"]["p50_ms"] for r in mine if "ack_latency" in r]
-        p99 = [r["ack_latency"]["p99_ms"] for r in mine if "ack_latency" in r]
-        summary[config] = {"msg_per_s": figures, "ack_p50_ms": statistics.median(p50) if p50 else None,
-                           "ack_p99_ms": statistics.median(p99) if p99 else None}
+            ok = [run for r in mine for run in r["runs"] if run["figure"] == figure and run["ok"]]
+            figures[figure] = _median([run["msg_per_s"] for run in ok])
+            cpu[figure] = _median([run["cpu_us_per_msg"] for run in ok])
+        summary[config] = {"msg_per_s": figures, "cpu_us_per_msg": cpu,
+                           "ack_p50_ms": _median([r["ack_latency"]["p50_ms"] for r in mine if "ack_latency" in r]),
+                           "ack_p99_ms": _median([r["ack_latency"]["p99_ms"] for r in mine if "ack_latency" in r])}
     base = summary["standalone"]["msg_per_s"]
     for config in CONFIGURATIONS:
         summary[config]["ratio_to_standalone"] = {
-            figure: (summary[config]["msg_per_s"][figure] / base[figure]
-                     if summary[config]["msg_per_s"][figure] and base[figure] else None)
-            for figure in FIGURES
+            figure: _ratio(summary[config]["msg_per_s"][figure], base[figure]) for figure in FIGURES
         }
     return summary
 
 
-def print_summary(summary: dict[str, Any]) -> None:
-    print("\nmedian msg/s (ratio to standalone); producer ack latency p50/p99 ms")
+def _figures(result: dict[str, Any]) -> dict[str, float | None]:
+    """One round's msg/s per figure, and its ack latency p50/p99, under the comparison's keys."""
+    values: dict[str, float | None] = {
+        figure: next((run["msg_per_s"] for run in result["runs"] if run["figure"] == figure and run["ok"]), None)
+        for figure in FIGURES
+    }
+    latency = result.get("ack_latency") or {}
+    values["ack_p50_ms"], values["ack_p99_ms"] = latency.get("p50_ms"), latency.get("p99_ms")
+    return values
+
+
+COMPARED = (*FIGURES, "ack_p50_ms", "ack_p99_ms")
+
+
+def compare(results: list[dict[str, Any]], current: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]:
+    """current/baseline: of the medians, and per round (the two runs of a configuration in one round).
+
+    Goals (issues 11 and 14): msg/s ratios >= 1 - GOAL_TOLERANCE, ack latency ratios <= 1 + GOAL_TOLERANCE.
+    """
+    comparison: dict[str, Any] = {}
+    for config in CONFIGURATIONS:
+        cur, base = current[config], baseline[config]
+        medians = {figure: _ratio(cur["msg_per_s"][figure], base["msg_per_s"][figure]) for figure in FIGURES}
+        medians["ack_p50_ms"] = _ratio(cur["ack_p50_ms"], base["ack_p50_ms"])
+        medians["ack_p99_ms"] = _ratio(cur["ack_p99_ms"], base["ack_p99_ms"])
+        medians["cpu_us_per_msg"] = {figure: _ratio(cur["cpu_us_per_msg"][figure], base["cpu_us_per_msg"][figure])
+                                     for figure in FIGURES}
+        per_round: dict[str, list[float]] = {key: [] for key in COMPARED}
+        rounds = sorted({r["round"] for r in results})
+        for round_no in rounds:
+            pair = {r["tree"]: _figures(r) for r in results if r["config"] == config and r["round"] == round_no}
+            if CURRENT.name in pair and "baseline" in pair:
+                for key in COMPARED:
+                    value = _ratio(pair[CURRENT.name][key], pair["baseline"][key])
+                    if value is not None:
+                        per_round[key].append(value)
+        within = {key: (None if medians[key] is None else
+                        medians[key] >= 1 - GOAL_TOLERANCE if key in FIGURES else medians[key] <= 1 + GOAL_TOLERANCE)
+                      for key in COMPARED}
+        comparison[config] = {"ratio_of_medians": medians, "per_round": per_round,
+                              "within_5_percent": within}
+    return comparison
+
+
+def print_summary(summary: dict[str, Any], title: str = "") -> None:
+    print(f"\n{title}median msg/s (ratio to standalone); producer ack latency p50/p99 ms")
     print(f"{'config':<12}" + "".join(f"{figure:>24}" for figure in FIGURES) + f"{'ack p50/p99':>18}")
     for config, row in summary.items():
         cells = "".join(
@@ -207,38 +392,127 @@ def print_summary(summary: dict[str, Any]) -> None:
         print(f"{config:<12}{cells}{latency:>18}")
 
 
+def _cell(value: float | None, spread: list[float], within: bool | None) -> str:
+    if value is None:
+        return "-"
+    text = f"x{value:.3f}"
+    if spread:
+        text += f" [{min(spread):.2f}-{max(spread):.2f}]"
+    return text + (" ok" if within else " OUT")
+
+
+def print_comparison(comparison: dict[str, Any], baseline: Tree) -> None:
+    print("\ncurrent/baseline, ratio of medians [per-round ratios min-max], then whether within 5 % "
+          "(msg/s >= x0.95, ack latency <= x1.05)")
+    print(f"{'config':<12}" + "".join(f"{key:>27}" for key in COMPARED))
+    for config, row in comparison.items():
+        print(f"{config:<12}" + "".join(
+            f"{_cell(row['ratio_of_medians'][key], row['per_round'][key], row['within_5_percent'][key]):>27}"
+            for key in COMPARED))
+    print("primary CPU us/msg, current/baseline: " + "; ".join(
+        f"{config} " + " ".join(f"{f} {fmt_ratio(row['ratio_of_medians']['cpu_us_per_msg'][f])}" for f in FIGURES)
+        for config, row in comparison.items()))
+    if not baseline.authenticated:
+        print(f"NOTE: the baseline ({baseline.root}) has no authentication: its nodes run without it and its "
+              f"clients connect anonymously; the current nodes require it (clients PLAIN, once per connection).")
+
+
+def fmt_ratio(value: float | None) -> str:
+    return "-" if value is None else f"x{value:.2f}"
+
+
+def _interrupt_on_sigterm() -> None:
+    """SIGTERM (e.g. from ``timeout``) as Ctrl-C, so that ``finally`` blocks stop the nodes."""
+    def _interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ha_throughput", description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--latency-messages", type=int, default=2000)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--baseline-tree", type=Path, default=None, metavar="PATH",
+                        help="also measure nodes started from this source tree (e.g. a git worktree of an older "
+                             "commit), alternating with the current ones, and report current/baseline ratios")
     args = parser.parse_args(argv)
     settings = Settings(count=args.count, runs=args.runs, body_size=100, out=args.out, skip_rss=True,
                         rss_messages=1, targets=[])
+    baseline = baseline_tree(args.baseline_tree) if args.baseline_tree else None
     for name in ("send-bench", "receive-bench"):
         cexamples.build(name)
     started = datetime.now(UTC)
+    host_at_start = host_info()
+    trees_at_start = {tree.name: tree.describe() for tree in (CURRENT, baseline) if tree}
     logs = Path(tempfile.mkdtemp(prefix="ha-throughput-logs-"))
     print(f"ha throughput: {args.count:,} x 100-byte messages, {args.runs} rounds, node logs in {logs}", flush=True)
-    results = [measure(config, round_no, settings, args.latency_messages, logs)
-               for round_no in range(1, args.runs + 1) for config in CONFIGURATIONS]
+    if baseline:
+        info = trees_at_start["baseline"]
+        print(f"baseline: {baseline.root} at {info['commit'][:7]} "
+              f"({'with' if baseline.authenticated else 'WITHOUT'} authentication), against current "
+              f"{trees_at_start['current']['commit'][:7]} (authentication required); "
+              f"alternating baseline and current runs", flush=True)
+    results: list[dict[str, Any]] = []
+    interrupted = False
+    _interrupt_on_sigterm()
+    try:
+        pair = 0
+        for round_no in range(1, args.runs + 1):
+            for config in CONFIGURATIONS:
+                if baseline is None:
+                    results.append(measure(config, round_no, settings, args.latency_messages, logs))
+                    continue
+                order = (baseline, CURRENT) if pair % 2 == 0 else (CURRENT, baseline)
+                pair += 1
+                for tree in order:
+                    results.append(measure(config, round_no, settings, args.latency_messages, logs, tree,
+                                           label=f"{config}@{tree.name[:4]}"))
+    except KeyboardInterrupt:
+        interrupted = True
+        print("\ninterrupted: the nodes started were stopped; summarising what finished", flush=True)
     summary = summarize(results)
-    print_summary(summary)
-    report = {
+    report: dict[str, Any] = {
         "benchmark": "ha_throughput",
         "command": shlex.join([sys.executable, "-m", "benchmarks.ha_throughput", *(sys.argv[1:] if argv is None else argv)]),
         "started_utc": started.isoformat(timespec="seconds"),
         "duration_s": (datetime.now(UTC) - started).total_seconds(),
-        "host": host_info(),
+        "interrupted": interrupted,
+        "host": host_at_start,
+        "parameters": {"count": args.count, "runs": args.runs, "latency_messages": args.latency_messages,
+                       "body_size": 100, "client_timeout_s": settings.client_timeout},
+        "trees": trees_at_start,
         "summary": summary,
-        "rounds": results,
     }
+    if baseline:
+        baseline_summary = summarize(results, "baseline")
+        print_summary(baseline_summary, f"baseline {trees_at_start['baseline']['commit'][:7]} "
+                                        f"({'with' if baseline.authenticated else 'without'} authentication): ")
+        print_summary(summary, f"current {trees_at_start['current']['commit'][:7]} (authentication required): ")
+        comparison = compare(results, summary, baseline_summary)
+        print_comparison(comparison, baseline)
+        report["baseline_summary"] = baseline_summary
+        report["current_vs_baseline"] = comparison
+        report["goal"] = {"tolerance": GOAL_TOLERANCE,
+                          "rule": "msg/s ratio current/baseline >= 0.95; ack latency ratio <= 1.05 (ratio of medians)",
+                          "baseline_authentication": baseline.authenticated,
+                          "current_authentication": True}
+    else:
+        print_summary(summary)
+    report["rounds"] = results
+    trees_at_end = {tree.name: tree.describe() for tree in (CURRENT, baseline) if tree}
+    if trees_at_end != trees_at_start:
+        report["node_code_changed_during_run"] = trees_at_end
+        print("WARNING: a tree's node code changed during the run; rounds before and after ran different code",
+              flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"ha-throughput-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"results: {path}")
-    failed = any(not run["ok"] for r in results for run in r["runs"])
+    failed = interrupted or any(r["error"] or not all(run["ok"] for run in r["runs"]) for r in results)
+    if failed:
+        print(f"*** SOME FIGURES FAILED; node logs kept in {logs} ***", flush=True)
     return 1 if failed else 0
 
 
