@@ -41,6 +41,11 @@ connecting to ``127.0.0.1``), set up on the transport before it connects.  A
 CA file it cannot read is an error (exit 1) rather than a silent plain
 connection.
 
+With ``HASTANDBY_DURABLE`` in the environment (any value but empty or
+``0``), ``send`` and ``send-bench`` set the header's ``durable`` to true on
+every message (``pn_message_set_durable``); without it they send as the stock
+example does (no durable flag).
+
 Binaries go to a cache directory (default ``benchmarks/.build/``) under a name
 carrying a hash of the patched source, the compiler command and the proton
 headers' version, so they are rebuilt only when one of those changes.
@@ -130,6 +135,23 @@ _TLS = (
 )
 """Every client, after ``_CREDENTIALS``: TLS from the environment (see the module docstring)."""
 
+_DURABLE = (
+    Patch(
+        "  pn_message_clear(app->message);\n",
+        "  pn_message_clear(app->message);\n"
+        "  {\n"
+        "    /* hastandby: header durable=true on every message when $HASTANDBY_DURABLE is set and not \"0\" */\n"
+        "    static int durable = -1;\n"
+        "    if (durable < 0) {\n"
+        '      const char *value = getenv("HASTANDBY_DURABLE");\n'
+        "      durable = value && *value && !(value[0] == '0' && value[1] == '\\0');\n"
+        "    }\n"
+        "    if (durable) pn_message_set_durable(app->message, true);\n"
+        "  }\n",
+    ),
+)
+"""The senders: durable messages from the environment (see the module docstring)."""
+
 
 @dataclass(frozen=True)
 class Program:
@@ -191,10 +213,10 @@ _RECEIVE_BENCH = (
 )
 
 PROGRAMS: dict[str, Program] = {
-    "send": Program("send.c", _CREDENTIALS + _TLS),
+    "send": Program("send.c", _CREDENTIALS + _TLS + _DURABLE),
     "receive": Program("receive.c", _CREDENTIALS + _TLS),
     "broker": Program("broker.c"),
-    "send-bench": Program("send.c", _CREDENTIALS + _TLS + _SEND_BENCH),
+    "send-bench": Program("send.c", _CREDENTIALS + _TLS + _DURABLE + _SEND_BENCH),
     "receive-bench": Program("receive.c", _CREDENTIALS + _TLS + _RECEIVE_BENCH),
 }
 """Every program :func:`build` knows, by name."""
@@ -305,8 +327,9 @@ class Client:
             self.process.communicate()
 
 
-CREDENTIAL_VARIABLES = ("HASTANDBY_USER", "HASTANDBY_PASSWORD", "HASTANDBY_SSL_CA_FILE", "HASTANDBY_SSL_PEER_NAME")
-"""Taken from ``env`` only (credentials, and the TLS settings that go with them)."""
+CREDENTIAL_VARIABLES = ("HASTANDBY_USER", "HASTANDBY_PASSWORD", "HASTANDBY_SSL_CA_FILE", "HASTANDBY_SSL_PEER_NAME",
+                        "HASTANDBY_DURABLE")
+"""Taken from ``env`` only (credentials, the TLS settings that go with them, durable messages)."""
 
 
 def _without_credentials(environment: Mapping[str, str]) -> dict[str, str]:
