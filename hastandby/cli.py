@@ -724,7 +724,7 @@ BENCHMARKS = {"throughput": "benchmarks.throughput", "ha-throughput": "benchmark
               "catchup": "benchmarks.catchup", "failover": "benchmarks.failover", "dr-lag": "benchmarks.dr_lag",
               "nemesis": "benchmarks.nemesis",
               "security": "benchmarks.security",
-              "overload": "benchmarks.overload"}
+              "overload": "benchmarks.overload", "durable": "benchmarks.durable"}
 
 
 def _run_module_main(module: str, argv: list[str]) -> None:
