@@ -330,20 +330,36 @@ class Journal:
         return sum(q.bytes for q in self._journaled)
 
     def _write_loop(self) -> None:
+        """Take jobs in order; appends queued while the previous fsync ran go together (one write, one fsync)."""
+        jobs = self._jobs
+        carried: list[_Job | None] = []  # a stop or a compaction met while gathering appends: next
         while True:
-            job = self._jobs.get()
+            job = carried.pop() if carried else jobs.get()
             if job is None:
                 return
+            group = [job]
+            while job.compact is None:
+                try:
+                    following = jobs.get_nowait()
+                except queues.Empty:
+                    break
+                if following is None or following.compact is not None:
+                    carried.append(following)
+                    break
+                group.append(following)
             error: OSError | None = None
             try:
                 if job.compact is not None:
                     self._replace_file(job.compact())
                 else:
-                    self._append(job.data)
-                job.size = os.fstat(self._fd).st_size if self._fd is not None else 0
+                    self._append(b"".join(each.data for each in group) if len(group) > 1 else job.data)
+                size = os.fstat(self._fd).st_size if self._fd is not None else 0
+                for each in group:
+                    each.size = size
             except OSError as failure:
                 error = failure
-            self._call_soon_threadsafe(lambda job=job, error=error: self._done(job, error))
+            for each in group:
+                self._call_soon_threadsafe(lambda job=each, error=error: self._done(job, error))
 
     def _append(self, data: bytes) -> None:
         if self._fd is None:
