@@ -40,6 +40,7 @@ import errno
 import os
 import queue as queues
 import threading
+import uuid as uuidlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -176,6 +177,7 @@ class Journal:
             report.messages += len(messages)
             report.queues += 1
         self.term = report.term
+        self._begin_restart_epochs(by_uuid.values())
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._replace_file(self._encode(self._snapshot()))
@@ -444,6 +446,21 @@ class Journal:
                 if payload is not None and msg_id in journaled:
                     parts.append(jf.enqueue_record(number, msg_id, payload))
         return b"".join(parts)
+
+    def _begin_restart_epochs(self, queues: Any) -> None:
+        """Ids given out from now on belong to an epoch of this run (``lineage.py``).
+
+        Only durable messages came back: the ids of the lost non-durable ones
+        are free again, and the next message would take one of them.  A
+        backup or DR replica holding such an id under the old lineage would
+        then keep a stale message as if it were the new one.  A restart epoch
+        starting at each queue's next id (unique: this run's token in the node
+        field) makes every copy drop what it holds from there on, while the
+        ids below, what the journal gave back, still match and are skipped.
+        """
+        restart = f"{self.node_id}/restart-{uuidlib.uuid4().hex[:8]}"
+        for queue in queues:
+            queue.lineage = lineages.extended(queue.lineage, lineages.Epoch(self.term, restart, queue.next_id))
 
     def _keep_uncompacted(self, valid_bytes: int, error: OSError) -> None:
         """Recovery could not rewrite the file (a full disk): keep it as it is, without its torn tail, and
