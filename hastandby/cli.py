@@ -193,6 +193,8 @@ def _etcd_settings(endpoints: str | None, ca_file: str | None, cert_file: str | 
 @click.option("--peer-tls", is_flag=True,
               help="connect to peers with TLS (verified with --ssl-ca-file; --ssl-cert-file presented); "
                    "peers then know this node by its --listen-tls address")
+@click.option("--metrics-listen", metavar="HOST:PORT",
+              help="serve Prometheus metrics at http://HOST:PORT/metrics (docs/metrics.md)")
 def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, replicate: str | None,
           max_message_size: int, no_auto_create: bool, heartbeat: float | None, ha_cluster: bool,
           brokers_url: str, public_url: str | None, backup_timeout: float, client_redirect: bool,
@@ -201,7 +203,8 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
           users_file: Path | None, allow_anonymous: bool, acl_file: Path | None, listen_tls: str | None,
           ssl_cert_file: Path | None, ssl_key_file: Path | None, ssl_ca_file: Path | None,
           ssl_require_client_cert: bool, peer_user: str | None, peer_password_file: Path | None,
-          memory_high_watermark: str | None, journal_sync: str, limits: tuple[str, ...], peer_tls: bool) -> None:
+          memory_high_watermark: str | None, journal_sync: str, limits: tuple[str, ...], peer_tls: bool,
+          metrics_listen: str | None) -> None:
     """Run a node until SIGINT/SIGTERM.  --listen none: no plain listener (TLS only)."""
     from . import logs
     from .dr.service import DisasterRecovery, config_store
@@ -261,6 +264,12 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
             ha.on_serving.append(dr.set_serving)
         else:
             node.on_start.append(lambda: dr.set_serving(True))
+        if metrics_listen:
+            from .metrics import serve_metrics
+            try:
+                serve_metrics(node, metrics_listen)
+            except (OSError, ValueError) as error:
+                raise click.ClickException(f"cannot serve metrics on {metrics_listen}: {error}") from None
         node.run()
     except (AclError, CredentialsError, TlsError) as error:
         raise click.ClickException(str(error)) from None

@@ -549,3 +549,25 @@ class PrimaryReplication:
                 lag = subscription.lag if subscription is not None else guard.queue.depth
                 result.setdefault(name, {})[backup.node_id] = lag
         return result
+
+    def lag_seconds(self) -> dict[str, dict[str, float]]:
+        """Per replicated queue and attached backup: seconds since the oldest message that backup
+        has not acknowledged arrived (0.0: it has them all).  A backup without a browser on the
+        queue (disconnected, or not subscribed yet) is left out: its ``lag`` is the whole queue."""
+        result: dict[str, dict[str, float]] = {}
+        for backup in self.backups.values():
+            for name, subscription in backup.subscriptions.items():
+                result.setdefault(name, {})[backup.node_id] = subscription.lag_seconds
+        return result
+
+    def acks_held(self) -> dict[str, Any]:
+        """Producer acknowledgements held back now: per replicated queue and backup, what that
+        backup's guard holds (a leaving backup's guards included, see ``_depart``), and per queue
+        what the quorum hold holds while the sync set is smaller than ``min_sync``."""
+        backups: dict[str, dict[str, int]] = {}
+        for backup in [*self.backups.values(), *self.leaving.values()]:
+            for name, guard in backup.guards.items():
+                per_queue = backups.setdefault(name, {})
+                per_queue[backup.node_id] = per_queue.get(backup.node_id, 0) + guard.pending
+        quorum = {name: guard.pending for name, guard in (self._quorum_guards or {}).items()}
+        return {"backups": backups, "quorum": quorum}

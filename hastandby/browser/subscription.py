@@ -31,6 +31,7 @@ import structlog
 from cproton import lib
 from proton import Link
 
+from hastandby.broker.arrivals import Arrivals
 from hastandby.broker.driver import Driver, Timer
 from hastandby.broker.links import send_payload
 from hastandby.broker.queue import Queue
@@ -93,6 +94,10 @@ class ReplicatingSubscription(BatchingLink):
         self.ready = False
         self._control_seq = 0
         self._flush_timer: Timer | None = None
+        # Sampled arrival times, for ``lag_seconds``; what is here now (the catch-up) counts from now.
+        self.arrivals = Arrivals()
+        if queue.depth:
+            self.arrivals.add(queue.next_id - 1)
 
     def start(self) -> None:
         self.queue.add_consumer(self)
@@ -173,10 +178,29 @@ class ReplicatingSubscription(BatchingLink):
             return 0
         return len(self.awaiting_accept) + self.unacked_count + len(self.batch_ids) + self.queue.count_after(self)
 
+    @property
+    def lag_seconds(self) -> float:
+        """Seconds since the oldest message on the queue this backup has not acknowledged arrived (0: none)."""
+        if self.closed:
+            return 0.0
+        return self.arrivals.age(self._done)
+
+    def _done(self, msg_id: int) -> bool:
+        """The backup holds ``msg_id``, or never needs to (dequeued here before it was sent)."""
+        return self._acknowledged_id(msg_id) and self.queue.browsed_past(self, msg_id)
+
+    def _acknowledged_id(self, msg_id: int) -> bool:
+        if self.cumulative:
+            return not self.unacked or msg_id < self.unacked[0][0]
+        return msg_id not in self.awaiting_accept
+
     # -- QueueObserver: dequeues on the primary go to the backup in batches --------------
 
     def enqueued(self, queue: Queue, msg_id: int, data: bytes, completion: Any) -> None:
-        pass
+        if self.arrivals.add(msg_id):
+            # A new sample (at most one per 5 ms): drop those the backup is done with, or a
+            # primary nobody asks for ``lag_seconds`` would keep every sample it ever took.
+            self.arrivals.oldest(self._done)
 
     def acquired(self, queue: Queue, msg_id: int) -> None:
         pass

@@ -20,7 +20,6 @@ primary).  It claims the receiving links of connections marked
 from __future__ import annotations
 
 import time
-from collections import deque
 from typing import Any, Callable
 
 import structlog
@@ -28,6 +27,7 @@ from cproton import lib
 from proton import Connection, Link
 
 from hastandby.broker import lineage
+from hastandby.broker.arrivals import Arrivals
 from hastandby.broker.authority import Authority, principal_of
 from hastandby.broker.completion import Completion
 from hastandby.broker.driver import Driver, Timer
@@ -95,37 +95,6 @@ def _is_peer(connection: Connection, authority: Authority) -> bool:
     return bool(properties.get(ADMIN_PROPERTY)) and authority.is_admin(principal_of(connection))
 
 
-class Arrivals:
-    """When messages arrived, oldest first, to tell how old the replica's lag is.
-
-    One sample per ``resolution`` seconds, not one per message: on the hot path
-    a message then costs a clock read, and the age is off by at most that much.
-    """
-
-    def __init__(self, resolution: float = 0.005) -> None:
-        self._times: deque[tuple[int, float]] = deque()
-        self._resolution = resolution
-        self._last = -resolution
-
-    def add(self, msg_id: int) -> None:
-        now = time.monotonic()
-        if now - self._last >= self._resolution:
-            self._last = now
-            self._times.append((msg_id, now))
-
-    def oldest(self, done: Callable[[int], bool]) -> tuple[int, float] | None:
-        """The oldest (id, arrival) that ``done(id)`` does not hold for yet."""
-        times = self._times
-        while times and done(times[0][0]):
-            times.popleft()
-        return times[0] if times else None
-
-    def age(self, done: Callable[[int], bool]) -> float:
-        """Seconds since the oldest arrival not done yet."""
-        oldest = self.oldest(done)
-        return round(time.monotonic() - oldest[1], 3) if oldest else 0.0
-
-
 class StatusReporter:
     """Sends a replica a status map about once a second, on a link's spare credit.
 
@@ -183,28 +152,15 @@ class FullSourceLink(ReplicatingSubscription, StatusReporter):
         link.properties = {EPOCH_PROPERTY: queue.uuid, LINEAGE_PROPERTY: lineage.to_wire(queue.lineage)}
         self.mode = "full"
         self.replica = replica
-        self.arrivals = Arrivals()
-        if queue.depth:
-            self.arrivals.add(queue.next_id - 1)  # the catch-up counts from now
         log.info("replica attached", queue=queue.name, mode="full", replica=replica, sync=sync,
                  replica_ids=len(replica_ids), new_epoch=foreign, trusted_below=point)
 
     def _live(self, subscription: ReplicatingSubscription) -> None:
         log.info("replica live", queue=self.queue.name, mode="full", replica=self.replica)
 
-    def enqueued(self, queue: Queue, msg_id: int, data: bytes, completion: Any) -> None:
-        self.arrivals.add(msg_id)
-
-    def _acknowledged_id(self, msg_id: int) -> bool:
-        if self.cumulative:
-            return not self.unacked or msg_id < self.unacked[0][0]
-        return msg_id not in self.awaiting_accept
-
     def status(self) -> dict[str, Any]:
-        queue = self.queue
-        seconds = self.arrivals.age(lambda i: self._acknowledged_id(i) and queue.browsed_past(self, i))
         return {"state": "live" if self.ready else "catching up", "lag_messages": self.lag,
-                "lag_seconds": seconds, "overflow": 0}
+                "lag_seconds": self.lag_seconds, "overflow": 0}
 
     def describe(self) -> dict[str, Any]:
         return {"queue": self.queue.name, "replica": self.replica, **self.status(), "mode": "full"}

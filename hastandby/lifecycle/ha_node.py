@@ -592,6 +592,8 @@ class HaNode:
             "term": self.status.term,
             "members": [dict(m, url=self._reachable(str(m.get("url", "")))) for m in members],
             "lag": self.primary.lag() if self.primary is not None else {},
+            "lag_seconds": self.primary.lag_seconds() if self.primary is not None else {},
+            "acks_held": self.primary.acks_held() if self.primary is not None else {"backups": {}, "quorum": {}},
         }
 
 
