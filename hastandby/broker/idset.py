@@ -118,7 +118,26 @@ class IdSet:
         # The mirror image of add_range: an odd index cuts a run, so it becomes a boundary.
         bounds[i:j] = ([start] if i % 2 else []) + ([stop] if j % 2 else [])
 
+    def discard_range(self, lo: int, hi: int) -> None:
+        """Remove every id from ``lo`` to ``hi`` inclusive (those present)."""
+        _check_range(lo, hi)
+        bounds = self._bounds
+        start, stop = lo, hi + 1
+        i = bisect_left(bounds, start)
+        j = bisect_right(bounds, stop)
+        bounds[i:j] = ([start] if i % 2 else []) + ([stop] if j % 2 else [])
+
     # -- reading ------------------------------------------------------------
+
+    def boundary_after(self, msg_id: int) -> tuple[bool, int | None]:
+        """Whether ``msg_id`` is in the set, and the first id above it where that changes (None: never).
+
+        Inside a run that is the run's end (exclusive), outside it the next run's start: every id from
+        ``msg_id`` up to it is in the set, or none is.
+        """
+        bounds = self._bounds
+        index = bisect_right(bounds, msg_id)
+        return index % 2 == 1, bounds[index] if index < len(bounds) else None
 
     def __contains__(self, msg_id: object) -> bool:
         if type(msg_id) is not int:

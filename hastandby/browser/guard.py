@@ -21,6 +21,7 @@ the backup got it: no need to wait), ``skip`` (the backup already had it), or
 from __future__ import annotations
 
 from hastandby.broker.completion import Completion
+from hastandby.broker.idset import IdSet
 from hastandby.broker.queue import Queue
 
 
@@ -51,6 +52,17 @@ class QueueGuard:
     def skip(self, msg_id: int) -> None:
         """The backup already holds ``msg_id`` (catch-up), so it will not be sent."""
         self._release(msg_id)
+
+    def skip_all(self, ids: IdSet) -> None:
+        """``skip`` every id of ``ids``, walking whichever is smaller: the held messages or ``ids``
+        (a restarted backup may hold a million messages and the guard only a few)."""
+        held = self._held
+        if len(ids) <= len(held):
+            for msg_id in ids:
+                self._release(msg_id)
+        else:
+            for msg_id in [msg_id for msg_id in held if msg_id in ids]:
+                self._release(msg_id)
 
     def cancel(self) -> None:
         """The backup is dropped: release every held message and stop following the queue."""

@@ -129,3 +129,17 @@ def test_guard_attached_while_a_message_is_being_enqueued_does_not_hold_it():
     assert guards[0].first_id == first + 1
     second = producer.send(queue, "b")
     assert guards[0].is_guarded(second)
+
+
+
+def test_skip_all_releases_exactly_the_held_messages_in_the_set():
+    from hastandby.broker.idset import IdSet
+
+    # Fewer ids than held messages (walks the ids, one of them not held), and a million (walks the held).
+    for pick, extra in (("bc", [100]), ("ae", list(range(100, 1_000_000)))):
+        queue, producer = make_queue(), Producer()
+        guard = QueueGuard(queue)
+        ids = {token: producer.send(queue, token) for token in "abcde"}
+        guard.skip_all(IdSet.from_ids([ids[token] for token in pick] + extra))
+        assert producer.accepted == list(pick)
+        assert guard.pending == 3

@@ -167,3 +167,39 @@ def test_below_cuts_at_a_limit():
     assert ids.below(1) == IdSet()
     assert ids.below(100) == ids
     assert ids.below(8) is not ids
+
+
+def test_discard_range_matches_discarding_each_id():
+    rng = random.Random(11)
+    for _ in range(300):
+        universe = rng.randint(1, 60)
+        values = random_ids(rng, universe)
+        lo = rng.randint(1, universe + 3)
+        hi = rng.randint(lo, universe + 5)
+        ids = IdSet.from_ids(values)
+        ids.discard_range(lo, hi)
+        assert ids == IdSet.from_ids(values - set(range(lo, hi + 1))), (sorted(values), lo, hi)
+    with pytest.raises(ValueError):
+        IdSet().discard_range(5, 4)
+
+
+def test_boundary_after_says_how_far_membership_holds():
+    ids = IdSet.from_ids([3, 4, 5, 9])
+    assert ids.boundary_after(1) == (False, 3)
+    assert ids.boundary_after(3) == (True, 6)
+    assert ids.boundary_after(5) == (True, 6)
+    assert ids.boundary_after(6) == (False, 9)
+    assert ids.boundary_after(9) == (True, 10)
+    assert ids.boundary_after(10) == (False, None)
+    assert IdSet().boundary_after(1) == (False, None)
+    rng = random.Random(12)
+    for _ in range(200):
+        values = random_ids(rng, 40)
+        ids = IdSet.from_ids(values)
+        msg_id = rng.randint(1, 45)
+        inside, boundary = ids.boundary_after(msg_id)
+        assert inside == (msg_id in values)
+        end = boundary if boundary is not None else 60
+        assert all((i in values) == inside for i in range(msg_id, end))
+        if boundary is not None:
+            assert (boundary in values) != inside
