@@ -35,6 +35,7 @@ _NUMBER = struct.Struct("<I")
 _ENQUEUE = struct.Struct("<IQ")
 _RANGE = struct.Struct("<QQ")
 MAX_RECORD = 1 << 31
+_KIND_CRC = [zlib.crc32(bytes([kind])) for kind in range(256)]  # a record's checksum starts with its type byte
 
 
 def record(kind: int, body: bytes) -> bytes:
@@ -84,29 +85,36 @@ class Read:
 
 
 def read_records(stream: BinaryIO, result: Read) -> Iterator[tuple[int, Any]]:
-    """Decoded records, in order, until the end or the first damaged one (``result`` says which)."""
+    """Decoded records, in order, until the end or the first damaged one (``result`` says which).
+
+    The file is read whole and walked by offsets: a restarted node reads a
+    million records here, and two reads and two copies per record were a
+    third of its recovery time.
+    """
+    data = stream.read()
+    view = memoryview(data)
+    end = len(data)
     offset = 0
-    while True:
-        head = stream.read(_HEAD.size)
-        if not head:
-            return
-        if len(head) < _HEAD.size:
+    head = _HEAD.size
+    while offset < end:
+        if end - offset < head:
             result.torn = True
             return
-        length, crc, kind = _HEAD.unpack(head)
-        if length < 1 or length > MAX_RECORD:
-            result.torn = True
-            return
-        body = stream.read(length - 1)
-        if len(body) < length - 1 or zlib.crc32(body, zlib.crc32(bytes([kind]))) != crc:
+        length, crc, kind = _HEAD.unpack_from(data, offset)
+        start, stop = offset + head, offset + head + length - 1
+        if length < 1 or length > MAX_RECORD or stop > end or zlib.crc32(view[start:stop], _KIND_CRC[kind]) != crc:
             result.torn = True
             return
         try:
-            decoded = _decode(kind, body)
+            if kind == ENQUEUE:
+                number, msg_id = _ENQUEUE.unpack_from(data, start)
+                decoded: Any = (number, msg_id, data[start + _ENQUEUE.size:stop])
+            else:
+                decoded = _decode(kind, data[start:stop])
         except (ValueError, struct.error):
             result.torn = True
             return
-        offset += _HEAD.size + len(body)
+        offset = stop
         result.valid_bytes = offset
         yield kind, decoded
 
