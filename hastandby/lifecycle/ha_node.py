@@ -435,8 +435,8 @@ class HaNode:
             try:
                 written = election.coordinator.force_sync()
             except CoordinatorError as error:
-                self.node.driver.call_soon_threadsafe(
-                    lambda: reply.fail(NotPromotable(f"etcd refused the forced start: {error}")))
+                refused = NotPromotable(f"etcd refused the forced start: {error}")
+                self.node.driver.call_soon_threadsafe(lambda: reply.fail(refused))
                 return
             if not written:
                 self.node.driver.call_soon_threadsafe(
