@@ -586,8 +586,12 @@ class Driver:
             elif kind == PN_LINK_FLOW:
                 endpoint = endpoints.get(lib.pn_event_link(event))
                 if endpoint is not None:
+                    # A receiving endpoint has no flow(): a peer's own flow frame for its sending end
+                    # (its ``available``, a drain answer) is legal and asks nothing of us.
+                    flow = getattr(endpoint, "flow", None)
                     try:
-                        endpoint.flow()
+                        if flow is not None:
+                            flow()
                     except Exception as error:
                         self._endpoint_failed(endpoint, error)
                 else:

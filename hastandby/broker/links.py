@@ -91,7 +91,7 @@ def receive_whole(impl: Any) -> tuple[Delivery, bytes] | None:
     if delivery.partial or not delivery.readable:
         return None
     link = delivery.link
-    data = link.recv(delivery.pending)
+    data = link.recv(delivery.pending) or b""  # None for a transfer with no payload
     link.advance()
     link.flow(1)
     return delivery, data
