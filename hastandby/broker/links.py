@@ -170,8 +170,11 @@ class OutgoingLink:
             return
         if state not in _OUTCOMES and not settled:
             return  # no outcome yet (e.g. a 'received' state)
-        msg_id = int(delivery_tag(delivery))
+        tag = delivery_tag(delivery)
         lib.pn_delivery_settle(delivery)
+        if not tag.isdigit():
+            return  # not one of ours: a peer's transfer on our sending link (a protocol error), ignored
+        msg_id = int(tag)
         size = self.unsettled.pop(msg_id, None)
         if size is None:
             return
