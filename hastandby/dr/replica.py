@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import structlog
 from cproton import PN_ACCEPTED, lib
-from proton import Condition, Connection, Endpoint, Event, Link, Terminus
+from proton import Condition, Connection, Endpoint, Event, Link, Message, Terminus
 
 from hastandby.broker import lineage, sections
 from hastandby.broker.completion import Completion
@@ -41,15 +41,14 @@ from hastandby.broker.errors import BrokerError
 from hastandby.broker.fence import Fence
 from hastandby.broker.links import delivery_tag, take_payload
 from hastandby.broker.outbound import Address, Outbound
-from hastandby.broker.queue import Queue
+from hastandby.broker.queue import MAX_MSG_ID, Queue
 from hastandby.broker.registry import Registry
 from hastandby.broker.idset import IdSet
+from hastandby.broker.values import plain
 from hastandby.browser.protocol import (
     DEQUEUE_TAG,
     IDS_PROPERTY,
     decode_batch,
-    decode_control,
-    decode_dequeues,
     encode_control,
 )
 from hastandby.node import split_hostport
@@ -77,6 +76,89 @@ CREDIT_WINDOW = 500
 """Batches in flight (up to 1000 messages or 256 KiB each, browser/batching.py):
 a 50 ms WAN round trip at 100k msg/s is 5000 messages, tens of batches."""
 ACK_INTERVAL = 0.02  # seconds between cumulative acknowledgements
+MAX_ID = MAX_MSG_ID  # ids are 1..2**63-1: a queue keeps them in a signed 64-bit array
+DECODE_ERROR = "amqp:decode-error"
+INVALID_FIELD = "amqp:invalid-field"
+STATUS_FIELDS = {"state": (str,), "lag_messages": (int, type(None)), "lag_seconds": (int, float, type(None)),
+                 "overflow": (int, type(None))}
+
+
+class Refusal(Exception):
+    """What a source sent is not the DR protocol: detach with ``condition``, naming ``field``."""
+
+    def __init__(self, condition: str, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.condition, self.field = condition, field
+
+
+def _decode_body(data: bytes | None, field: str) -> Any:
+    """The body of an AMQP message a source sent as a control delivery; Refusal if it is not one."""
+    if not data:
+        raise Refusal(DECODE_ERROR, field, "an empty delivery")
+    message = Message()
+    try:
+        message.decode(data)
+        return message.body  # proton decodes the body lazily in places: reading it may fail too
+    except Exception as error:  # noqa: BLE001 - proton raises many types on a peer's bad bytes
+        raise Refusal(DECODE_ERROR, field, f"not an AMQP message ({type(error).__name__}: {error})") from None
+
+
+def check_status(data: bytes | None) -> dict[str, Any]:
+    """A source's status report, with only the fields we show, each of the type the source sends."""
+    body = _decode_body(data, "status")
+    if not isinstance(body, dict):
+        raise Refusal(INVALID_FIELD, "status", f"a status report is a map, got {type(body).__name__}")
+    report: dict[str, Any] = {}
+    for key, value in body.items():
+        if not isinstance(key, str) or key not in STATUS_FIELDS:
+            continue  # a newer source may say more
+        value = plain(value)
+        if isinstance(value, bool) or not isinstance(value, STATUS_FIELDS[key]) or \
+                (isinstance(value, int) and not 0 <= value <= MAX_ID):
+            raise Refusal(INVALID_FIELD, f"status.{key}", f"{_short(value)} is not a valid {key}")
+        report[key] = value
+    return report
+
+
+def check_dequeues(data: bytes | None) -> IdSet:
+    """A source's dequeued ids (full mode): an id set of ids 1..2**63-1."""
+    body = _decode_body(data, "dequeues")
+    if not isinstance(body, (list, tuple)):
+        raise Refusal(INVALID_FIELD, "dequeues", f"an id set is a list, got {type(body).__name__}")
+    wire = [plain(x) for x in body]
+    for value in wire:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ID:
+            raise Refusal(INVALID_FIELD, "dequeues", f"{_short(value)} is not an id (1..2**63-1)")
+    try:
+        return IdSet.from_wire(wire)
+    except ValueError as error:
+        raise Refusal(INVALID_FIELD, "dequeues", str(error)) from None
+
+
+def check_batch(data: bytes | None, base: int) -> tuple[Any, list[bytes]]:
+    """A source's batch: at least one message, ids strictly increasing within 1..2**63-1 (``base``
+    added: an enqueue replica's local ids must fit too)."""
+    if data is None:
+        raise Refusal(DECODE_ERROR, "batch", "an empty delivery")
+    try:
+        ids, payloads = decode_batch(data)
+    except ValueError as error:
+        raise Refusal(DECODE_ERROR, "batch", str(error)) from None
+    if not ids:
+        raise Refusal(INVALID_FIELD, "batch ids", "a batch of no messages")
+    previous = 0
+    for source_id in ids:
+        if not 1 <= source_id <= MAX_ID - base:
+            raise Refusal(INVALID_FIELD, "batch ids", f"id {source_id} is out of range (1..{MAX_ID - base})")
+        if source_id <= previous:
+            raise Refusal(INVALID_FIELD, "batch ids", f"id {source_id} follows {previous}: ids must increase")
+        previous = source_id
+    return ids, payloads
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class ReplicaLink:
@@ -102,6 +184,7 @@ class ReplicaLink:
         self._impl: Any = None
         self._queue: Queue | None = None  # the local queue, looked up once per link, not per message
         self._generation = 0  # which link a pending accept belongs to
+        self._epoch_ok = False  # the source answered this link's attach with an epoch we took
         self._ack_link: Link | None = None
         # The last source id of each batch received, in order, not yet stored for good.
         self._pending: deque[int] = deque()
@@ -151,7 +234,11 @@ class ReplicaLink:
                                       SYNC_PROPERTY: config.sync, ACK_PROPERTY: True}
         if config.mode == "full":
             link.source.distribution_mode = Terminus.DIST_MODE_COPY
-            properties[IDS_PROPERTY] = IdSet.from_ids(queue.ids()).to_wire()
+            # Before a first epoch what the queue holds is not the source's (local messages, or
+            # none): offered, the source would take those ids for its own and skip them.  We
+            # drop them when the source answers (on_link_remote_open).
+            held = IdSet.from_ids(queue.ids()) if config.epoch else IdSet()
+            properties[IDS_PROPERTY] = held.to_wire()
         else:
             if config.max_backlog_count:
                 properties[MAX_COUNT_PROPERTY] = config.max_backlog_count
@@ -172,6 +259,7 @@ class ReplicaLink:
         self._pending.clear()
         self._stored.clear()
         self._through = self._acked = 0
+        self._epoch_ok = False
 
     def lost(self, reason: str) -> None:
         log.info("replication source lost", queue=self.queue_name, reason=reason)
@@ -181,30 +269,46 @@ class ReplicaLink:
         """The source's answer, before its first batch: align with its epoch and lineage (protocol.py)."""
         if event.link is not self.link and event.link != self.link:
             return
-        reply = event.link.remote_properties or {}
-        epoch = str(reply.get(EPOCH_PROPERTY) or "")
-        if not epoch:
-            return  # a refusal: its detach follows
-        config = self.config
-        self.error = None
         try:
-            theirs = lineage.from_wire(reply.get(LINEAGE_PROPERTY))
-        except ValueError as error:
-            self.fail(ValueError(f"the source sent a bad lineage: {error}"))
+            reply = event.link.remote_properties
+        except Exception as error:  # noqa: BLE001 - proton fails on some legal maps (binary keys)
+            self._refuse(Refusal(DECODE_ERROR, "attach properties",
+                                 f"not a map we can read ({type(error).__name__}: {error})"))
             return
+        if reply is None:
+            reply = {}
+        if not isinstance(reply, dict):
+            self._refuse(Refusal(INVALID_FIELD, "attach properties", f"not a map: {_short(reply)}"))
+            return
+        epoch = reply.get(EPOCH_PROPERTY)
+        if epoch is None or epoch == "":
+            return  # a refusal: its detach follows (batches before an epoch are refused)
+        if not isinstance(epoch, str):
+            self._refuse(Refusal(INVALID_FIELD, str(EPOCH_PROPERTY), f"not a string: {_short(epoch)}"))
+            return
+        epoch = str(epoch)
+        config = self.config
+        try:
+            theirs = lineage.from_wire(plain(reply.get(LINEAGE_PROPERTY)))
+        except (ValueError, TypeError) as error:
+            self._refuse(Refusal(INVALID_FIELD, str(LINEAGE_PROPERTY), str(error)))
+            return
+        self.error = None
         mine = lineage.from_wire(config.lineage)
         if config.epoch and epoch != config.epoch:
             log.warning("source ids started again (the source queue is new or its node restarted)",
                         queue=config.queue, old_epoch=config.epoch, epoch=epoch)
-        # A full source computes the same point from what we offered (FullSourceLink);
+        # A full source computes the same point from what we offered (FullSourceLink; before a
+        # first epoch we offered nothing, and what the queue holds is not the source's: dropped);
         # an enqueue replica's first epoch starts after whatever the queue held.
-        new_epoch = epoch != config.epoch and (bool(config.epoch) or config.mode == "enqueue")
+        new_epoch = epoch != config.epoch
         point = 1 if new_epoch else lineage.divergence(mine, theirs)
         if point is not None:
             self._diverged(point, mine, theirs)
         if epoch != config.epoch or theirs != mine:
             config.epoch, config.lineage = epoch, lineage.to_wire(theirs)
             self.save(config)
+        self._epoch_ok = True
 
     def _diverged(self, point: int, mine: lineage.Lineage, theirs: lineage.Lineage) -> None:
         """Source ids from ``point`` on are not the ones we hold under them."""
@@ -246,6 +350,7 @@ class ReplicaLink:
             self._ack_timer = None
         self._ack_link = None
         self._generation += 1
+        self._epoch_ok = False
         self.link = None
         self._impl = None
         self.remote = {}
@@ -261,21 +366,29 @@ class ReplicaLink:
         credit = lib.pn_link_credit(impl)
         if credit < CREDIT_WINDOW // 2:
             lib.pn_link_flow(impl, CREDIT_WINDOW - credit)
-        if tag.startswith(STATUS_TAG):
-            self.remote, self.remote_at = decode_control(data), time.monotonic()
-            lib.pn_delivery_settle(delivery)
-        elif tag.startswith(DEQUEUE_TAG):
-            self._queue.dequeue_ranges(decode_dequeues(data).ranges(), "replicated")
-            lib.pn_delivery_settle(delivery)
-        else:
-            self._enqueue_batch(delivery, data)
+        try:
+            if not self._epoch_ok:  # its attach reply had no epoch: a refusal, whose detach should follow
+                raise Refusal(INVALID_FIELD, str(EPOCH_PROPERTY), "a delivery on a link the source gave no epoch")
+            if tag.startswith(STATUS_TAG):
+                self.remote, self.remote_at = check_status(data), time.monotonic()
+                lib.pn_delivery_settle(delivery)
+            elif tag.startswith(DEQUEUE_TAG):
+                ranges = check_dequeues(data).ranges()
+                if self.config.mode != "full":
+                    raise Refusal(INVALID_FIELD, "dequeues", "an enqueue replica takes no dequeues")
+                self._queue.dequeue_ranges(ranges, "replicated")
+                lib.pn_delivery_settle(delivery)
+            else:
+                self._enqueue_batch(delivery, data)
+        except Refusal as refusal:
+            self._refuse(refusal)
 
     def _enqueue_batch(self, delivery: Any, data: bytes) -> None:
         """Store a batch of source messages; one completion acknowledges them all."""
         if not self.fence.allows():  # taking nothing we could not acknowledge (broker/fence.py)
             self.fail(BrokerError("this node may not take messages now (fenced)"))
             return
-        ids, payloads = decode_batch(data)
+        ids, payloads = check_batch(data, self.config.base if self.config.mode == "enqueue" else 0)
         if lib.pn_delivery_settled(delivery):  # pre-settled: acknowledged cumulatively
             lib.pn_delivery_settle(delivery)
             delivery = None
@@ -337,6 +450,22 @@ class ReplicaLink:
 
     def flow(self) -> None:
         pass
+
+    def _refuse(self, refusal: Refusal) -> None:
+        """The source broke the protocol: detach naming what was wrong, and reconnect later (the
+        outbound backs off).  Nothing of the refused delivery was stored or acknowledged."""
+        condition, text = refusal.condition, str(refusal)
+        log.warning("replication source refused", queue=self.queue_name, condition=condition,
+                    field=refusal.field, error=text)
+        self.error = f"{condition}: {text}"
+        link = self.link
+        connection = link.connection if link is not None else None
+        if link is not None and link.state & Endpoint.LOCAL_ACTIVE:
+            link.condition = Condition(condition, text)
+            link.close()
+        self._drop_link()
+        if connection is not None and connection.state & Endpoint.LOCAL_ACTIVE:
+            connection.close()
 
     def fail(self, error: Exception) -> None:
         log.error("replication link failed", queue=self.queue_name, error=str(error))
