@@ -55,8 +55,9 @@ class QueueObserver(Protocol):
     def dequeued(self, queue: "Queue", msg_id: int, reason: str) -> None: ...
 
 
-MAX_MSG_ID = 2**63 - 1
-"""The highest replication id: a queue keeps its ids in an array of signed 64-bit integers."""
+MAX_MSG_ID = 2**63 - 2
+"""The highest replication id a queue takes: it keeps its ids in an array of signed 64-bit integers,
+and its ``next_id`` (one more, also sent in lineages) must fit one too."""
 
 
 @dataclass
@@ -165,7 +166,7 @@ class Queue:
         if msg_id is None:
             msg_id = self.next_id
             self.next_id = msg_id + 1
-        elif not 1 <= msg_id <= MAX_MSG_ID:  # before next_id moves: the id array is signed 64-bit
+        elif not 1 <= msg_id <= MAX_MSG_ID:  # before next_id moves: ids and next_id are signed 64-bit
             raise ValueError(f"message id {msg_id} is out of range (1..{MAX_MSG_ID})")
         elif msg_id >= self.next_id:
             self.next_id = msg_id + 1

@@ -76,7 +76,7 @@ CREDIT_WINDOW = 500
 """Batches in flight (up to 1000 messages or 256 KiB each, browser/batching.py):
 a 50 ms WAN round trip at 100k msg/s is 5000 messages, tens of batches."""
 ACK_INTERVAL = 0.02  # seconds between cumulative acknowledgements
-MAX_ID = MAX_MSG_ID  # ids are 1..2**63-1: a queue keeps them in a signed 64-bit array
+MAX_ID = MAX_MSG_ID  # 2**63 - 2: a queue's ids and its next id are signed 64-bit
 DECODE_ERROR = "amqp:decode-error"
 INVALID_FIELD = "amqp:invalid-field"
 STATUS_FIELDS = {"state": (str,), "lag_messages": (int, type(None)), "lag_seconds": (int, float, type(None)),
@@ -121,14 +121,14 @@ def check_status(data: bytes | None) -> dict[str, Any]:
 
 
 def check_dequeues(data: bytes | None) -> IdSet:
-    """A source's dequeued ids (full mode): an id set of ids 1..2**63-1."""
+    """A source's dequeued ids (full mode): an id set of ids 1..MAX_ID."""
     body = _decode_body(data, "dequeues")
     if not isinstance(body, (list, tuple)):
         raise Refusal(INVALID_FIELD, "dequeues", f"an id set is a list, got {type(body).__name__}")
     wire = [plain(x) for x in body]
     for value in wire:
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ID:
-            raise Refusal(INVALID_FIELD, "dequeues", f"{_short(value)} is not an id (1..2**63-1)")
+            raise Refusal(INVALID_FIELD, "dequeues", f"{_short(value)} is not an id (1..{MAX_ID})")
     try:
         return IdSet.from_wire(wire)
     except ValueError as error:
@@ -136,7 +136,7 @@ def check_dequeues(data: bytes | None) -> IdSet:
 
 
 def check_batch(data: bytes | None, base: int) -> tuple[Any, list[bytes]]:
-    """A source's batch: at least one message, ids strictly increasing within 1..2**63-1 (``base``
+    """A source's batch: at least one message, ids strictly increasing within 1..MAX_ID (``base``
     added: an enqueue replica's local ids must fit too)."""
     if data is None:
         raise Refusal(DECODE_ERROR, "batch", "an empty delivery")
