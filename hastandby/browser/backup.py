@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import structlog
-from proton import Connection, Endpoint, Event, Link, Session
+from proton import Condition, Connection, Endpoint, Event, Link, Session
 
 from hastandby.broker.driver import Driver, Timer
 from hastandby.broker.memory import MemoryAlarm
@@ -28,7 +28,11 @@ from .protocol import (
     LINEAGE_PROPERTY,
     STATUS_ADDRESS,
     WIRING_ADDRESS,
+    ProtocolError,
+    decode_hello,
+    decode_members_update,
     encode_control,
+    link_properties,
     receive_control,
 )
 from .replicator import QueueReplicator
@@ -46,9 +50,12 @@ class WiringReceiver:
         self.replication = replication
 
     def on_delivery(self, impl: Any) -> None:
-        body = receive_control(impl)
-        if body is not None:
-            self.replication.wiring_message(body)
+        try:
+            body = receive_control(impl)
+            if body is not None:
+                self.replication.wiring_message(body)
+        except ProtocolError as error:
+            self.replication.refuse(error)
 
     def flow(self) -> None:
         pass
@@ -122,6 +129,16 @@ class BackupReplication:
         if self.connection is not None and self.connection.state & Endpoint.LOCAL_ACTIVE:
             self.connection.close()
 
+    def refuse(self, error: ProtocolError) -> None:
+        """The primary sent something that is not the protocol: close the connection naming it, and
+        reconnect (a fresh hello and snapshot) as after any lost primary."""
+        log.warning("replication refused the primary's message", condition=error.condition, field=error.field,
+                    error=str(error))
+        connection = self.connection
+        if connection is not None and connection.state & Endpoint.LOCAL_ACTIVE:
+            connection.condition = Condition(error.condition, str(error))
+            connection.close()
+
     # -- Outbound owner ------------------------------------------------------------------
 
     def opened(self, connection: Connection) -> None:
@@ -158,7 +175,8 @@ class BackupReplication:
         delivery.settle()
 
     def lost(self, reason: str) -> None:
-        log.info("lost the primary", reason=reason, primary=(self.primary or {}).get("url"))
+        primary = self.primary if isinstance(self.primary, dict) else {}
+        log.info("lost the primary", reason=reason, primary=primary.get("url"))
         self._drop_links()
         self.primary = None
         self.on_lost(reason)
@@ -178,14 +196,18 @@ class BackupReplication:
     def on_link_remote_open(self, event: Event) -> None:
         """A replicating browser's attach reply carries the primary's lineage: adopt it before any message."""
         link = event.link
-        reply = link.remote_properties or {}
-        if LINEAGE_PROPERTY not in reply:
+        try:
+            reply = link_properties(lambda: link.remote_properties, "attach properties")
+        except ProtocolError as error:
+            self.refuse(error)
+            return
+        if str(LINEAGE_PROPERTY) not in reply:
             return  # the wiring link, or a refusal (its close follows)
         replicator = next((r for r in self.replicators.values() if r.link == link), None)
         if replicator is None:
             return
         try:
-            replicator.adopt(reply[LINEAGE_PROPERTY])
+            replicator.adopt(reply[str(LINEAGE_PROPERTY)])
         except ValueError as error:
             self.resync(f"the primary sent a bad lineage for {replicator.queue.name!r}: {error}")
 
@@ -197,13 +219,15 @@ class BackupReplication:
     def wiring_message(self, body: dict[str, Any]) -> None:
         kind = body.get("type")
         if kind == "hello":
-            self.primary = body.get("primary") or {}
-            self.primary_term = int(body.get("term", 0))
-            self.on_connected(self.primary_term, body)
+            hello = decode_hello(body)  # ProtocolError before anything is kept
+            self.primary = hello.primary
+            self.primary_term = hello.term
+            self.on_connected(self.primary_term, hello.body)
             if self.primary is not None:  # the node loop may have refused the term
-                self.on_members(self.primary_term, body.get("members") or [])
+                self.on_members(self.primary_term, hello.members)
         elif kind == "members":
-            self.on_members(int(body.get("term", 0)), body.get("members") or [])
+            term, members = decode_members_update(body)
+            self.on_members(term, members)
         else:
             try:
                 self.replica.apply(body)
@@ -217,7 +241,7 @@ class BackupReplication:
         old = self.replicators.pop(queue.name, None)
         if old is not None:
             self._close_replicator(old)
-        replicator = QueueReplicator(queue)
+        replicator = QueueReplicator(queue, refuse=self.refuse)
         link = replicator.attach(self.session, self.primary_term)
         self.driver.register(link, replicator)
         self.replicators[queue.name] = replicator

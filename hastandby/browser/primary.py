@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 import structlog
 from cproton import lib
-from proton import Connection, Link
+from proton import Condition, Connection, Endpoint, Link
 
 from hastandby.broker.driver import Driver, Timer
 from hastandby.broker import lineage
@@ -55,7 +55,6 @@ from hastandby.broker.values import plain
 from hastandby.wiring.publisher import WiringPublisher
 
 from .guard import QueueGuard
-from hastandby.broker.idset import IdSet
 from .protocol import (
     BACKUP_PROPERTY,
     IDS_PROPERTY,
@@ -64,7 +63,11 @@ from .protocol import (
     STATUS_ADDRESS,
     TERM_PROPERTY,
     WIRING_ADDRESS,
+    ProtocolError,
+    decode_browser_request,
+    decode_status,
     encode_control,
+    link_properties,
     receive_control,
 )
 from .subscription import ReplicatingSubscription
@@ -74,7 +77,12 @@ log = structlog.get_logger("hastandby.primary")
 
 def backup_info(connection: Connection) -> dict[str, Any] | None:
     """The ``qpid.ha-backup`` connection property of a backup's connection, if any."""
-    properties = connection.remote_properties or {}
+    try:
+        properties = connection.remote_properties
+    except Exception:  # noqa: BLE001 - proton fails on some legal maps (binary keys): not a backup's
+        return None
+    if not isinstance(properties, dict):
+        return None
     info = properties.get(BACKUP_PROPERTY)
     return plain(info) if isinstance(info, dict) else None
 
@@ -134,9 +142,19 @@ class StatusReceiver:
         self.link.flow(10)
 
     def on_delivery(self, impl: Any) -> None:
-        body = receive_control(impl)
-        if body is not None:
-            self.memory.set_remote(self.node_id, bool(body.get("memory_alarm")))
+        try:
+            body = receive_control(impl)
+            if body is None:
+                return
+            alarm = decode_status(body)
+        except ProtocolError as error:
+            log.warning("backup status refused", backup=self.node_id, condition=error.condition, error=str(error))
+            self.close()
+            if self.link.state & Endpoint.LOCAL_ACTIVE:
+                self.link.condition = Condition(error.condition, str(error))
+                self.link.close()
+            return
+        self.memory.set_remote(self.node_id, alarm)
 
     def flow(self) -> None:
         pass
@@ -353,7 +371,10 @@ class PrimaryReplication:
             if info is not None and link.remote_target.address == STATUS_ADDRESS:
                 return StatusReceiver(link, self.memory, str(info.get("node_id", "")))
             return None
-        properties = plain(link.remote_properties or {})
+        try:
+            properties = link_properties(lambda: link.remote_properties, "link properties")
+        except ProtocolError as error:
+            raise InvalidArgument(str(error)) from None
         address = link.remote_source.address
         if info is None:
             if properties.get(str(REPLICATE_PROPERTY)) or address == WIRING_ADDRESS:
@@ -423,7 +444,11 @@ class PrimaryReplication:
         return wiring
 
     def _attach_browser(self, link: Link, backup: RemoteBackup, properties: dict[str, Any]) -> ReplicatingSubscription:
-        term = int(properties.get(str(TERM_PROPERTY), 0) or 0)
+        try:
+            request = decode_browser_request(properties)
+        except ProtocolError as error:
+            raise InvalidArgument(str(error)) from None
+        term = request.term
         if term > self.term:
             raise InvalidArgument(f"backup follows term {term}, this primary has the older term {self.term}")
         name = link.remote_source.address
@@ -432,14 +457,7 @@ class PrimaryReplication:
             raise NotFound(f"no such queue: {name!r}")
         if queue.settings.replicate != "all":
             raise InvalidArgument(f"queue {name!r} is not replicated (qpid.replicate={queue.settings.replicate})")
-        try:
-            backup_ids = IdSet.from_wire([int(x) for x in properties.get(str(IDS_PROPERTY), [])])
-        except (TypeError, ValueError) as error:
-            raise InvalidArgument(f"bad {IDS_PROPERTY}: {error}") from None
-        try:
-            backup_lineage = lineage.from_wire(properties.get(str(LINEAGE_PROPERTY)))
-        except ValueError as error:
-            raise InvalidArgument(f"bad {LINEAGE_PROPERTY}: {error}") from None
+        backup_ids, backup_lineage = request.ids, request.lineage
         old = backup.subscriptions.pop(name, None)
         if old is not None:
             old.close()  # its guard is the backup's, and holds on for the new browser

@@ -37,10 +37,12 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
+from dataclasses import dataclass
 from typing import Any
 
 from proton import Message, symbol
 
+from hastandby.broker import lineage
 from hastandby.broker.links import receive_whole
 from hastandby.broker.values import plain
 
@@ -56,6 +58,11 @@ WIRING_ADDRESS = "$ha.wiring"
 STATUS_ADDRESS = "$ha.status"
 DEQUEUE_TAG = b"d"
 BATCH_TAG = b"b"
+
+MAX_ID = 2**63 - 2
+"""The highest replication id we take: a queue keeps its ids, and its next id, as signed 64-bit integers."""
+DECODE_ERROR = "amqp:decode-error"
+INVALID_FIELD = "amqp:invalid-field"
 
 _COUNT = struct.Struct("<I")
 _SWAP = sys.byteorder == "big"  # the wire is little-endian
@@ -78,12 +85,14 @@ def encode_batch(ids: list[int], payloads: list[bytes]) -> bytes:
 
 def decode_batch(data: bytes) -> tuple[array, list[bytes]]:
     """The ids and payloads of a batch; ``ValueError`` if it is not one."""
+    if data is None:
+        raise ProtocolError("batch", "an empty delivery", DECODE_ERROR)
     if len(data) < _COUNT.size:
-        raise ValueError("a message batch is shorter than its header")
+        raise ProtocolError("batch", "a message batch is shorter than its header", DECODE_ERROR)
     (count,) = _COUNT.unpack_from(data)
     start = _COUNT.size + 12 * count
     if start > len(data):
-        raise ValueError(f"a message batch of {count} messages is cut short")
+        raise ProtocolError("batch", f"a message batch of {count} messages is cut short", DECODE_ERROR)
     ids, sizes = array("Q"), array("I")
     ids.frombytes(data[_COUNT.size:_COUNT.size + 8 * count])
     sizes.frombytes(data[_COUNT.size + 8 * count:start])
@@ -91,7 +100,10 @@ def decode_batch(data: bytes) -> tuple[array, list[bytes]]:
         ids.byteswap()
         sizes.byteswap()
     if start + sum(sizes) != len(data):
-        raise ValueError("a message batch's sizes do not add up to its length")
+        raise ProtocolError("batch", "a message batch's sizes do not add up to its length", DECODE_ERROR)
+    for msg_id in ids:
+        if not 1 <= msg_id <= MAX_ID:
+            raise ProtocolError("batch ids", f"id {msg_id} is out of range (1..2**63-2)")
     payloads = []
     for size in sizes:
         payloads.append(data[start:start + size])
@@ -103,29 +115,186 @@ def encode_dequeues(ids: IdSet) -> bytes:
     return bytes(Message(body=ids.to_wire()).encode())
 
 
-def decode_dequeues(data: bytes) -> IdSet:
-    message = Message()
-    message.decode(data)
-    return IdSet.from_wire([int(x) for x in message.body])
+def decode_dequeues(data: bytes | None) -> IdSet:
+    """A dequeue delivery's ids: an AMQP list (the IdSet wire form) of ids 1..2**63-2."""
+    body = decode_body(data, "dequeues")
+    if not isinstance(body, (list, tuple)):
+        raise ProtocolError("dequeues", f"an id set is a list, got {type(body).__name__}")
+    wire = [plain(x) for x in body]
+    for value in wire:
+        if type(value) is not int or not 1 <= value <= MAX_ID:
+            raise ProtocolError("dequeues", f"{_short(value)} is not an id (1..2**63-2)")
+    try:
+        return IdSet.from_wire(wire)
+    except ValueError as error:
+        raise ProtocolError("dequeues", str(error)) from None
 
 
 def encode_control(body: dict[str, Any]) -> bytes:
     return bytes(Message(body=body).encode())
 
 
-def decode_control(data: bytes) -> dict[str, Any]:
+class ProtocolError(ValueError):
+    """A peer's message is not the replication protocol: refuse it with ``condition``, naming ``field``."""
+
+    def __init__(self, field: str, reason: str, condition: str = INVALID_FIELD) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.condition = condition
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def decode_body(data: bytes | None, field: str) -> Any:
+    """The body of the AMQP message in ``data``; ProtocolError (amqp:decode-error) if it is not one."""
+    if not data:
+        raise ProtocolError(field, "an empty delivery", DECODE_ERROR)
     message = Message()
-    message.decode(data)
-    if not isinstance(message.body, dict):
-        raise ValueError("a wiring message must be a map")
-    return plain(message.body)
+    try:
+        message.decode(data)
+        return message.body
+    except Exception as error:  # noqa: BLE001 - proton raises many types on a peer's bytes (binary map keys ...)
+        raise ProtocolError(field, f"not an AMQP message we can read ({type(error).__name__}: {error})",
+                            DECODE_ERROR) from None
+
+
+def decode_control(data: bytes | None) -> dict[str, Any]:
+    """A control message (wiring, status): a map with string keys, as plain values."""
+    body = decode_body(data, "control message")
+    if not isinstance(body, dict):
+        raise ProtocolError("control message", f"a control message is a map, got {type(body).__name__}")
+    for key in body:
+        if not isinstance(key, str):
+            raise ProtocolError("control message", f"key {_short(key)} is not a string")
+    return plain(body)
 
 
 def receive_control(impl: Any) -> dict[str, Any] | None:
-    """The map of a complete control delivery on a low-rate link (settled here); None while partial."""
+    """The map of a complete control delivery on a low-rate link (settled here); None while partial.
+
+    ProtocolError (a ValueError) if the delivery is not a control message."""
     received = receive_whole(impl)
     if received is None:
         return None
     delivery, data = received
     delivery.settle()
     return decode_control(data)
+
+
+def decode_term(value: Any, field: str) -> int:
+    """A term: an integer 0..2**63-2 (absent: 0)."""
+    if value is None:
+        return 0
+    value = plain(value)
+    if type(value) is not int or not 0 <= value <= MAX_ID:
+        raise ProtocolError(field, f"{_short(value)} is not a term (an integer 0..2**63-2)")
+    return value
+
+
+def decode_status(body: dict[str, Any]) -> bool:
+    """A backup's status message: its memory alarm."""
+    alarm = body.get("memory_alarm", False)
+    if not isinstance(alarm, bool):
+        raise ProtocolError("status.memory_alarm", f"{_short(alarm)} is not a boolean")
+    return alarm
+
+
+def decode_member(value: Any, field: str) -> dict[str, Any]:
+    """One node as a primary describes it: a map with a string ``node_id`` and, if any, a string ``url``."""
+    if not isinstance(value, dict):
+        raise ProtocolError(field, f"a member is a map, got {_short(value)}")
+    if not isinstance(value.get("node_id", ""), str):
+        raise ProtocolError(f"{field}.node_id", f"{_short(value.get('node_id'))} is not a string")
+    if not isinstance(value.get("url", ""), str):
+        raise ProtocolError(f"{field}.url", f"{_short(value.get('url'))} is not a string")
+    if "state" in value and not isinstance(value["state"], str):
+        raise ProtocolError(f"{field}.state", f"{_short(value['state'])} is not a string")
+    if "term" in value:
+        decode_term(value["term"], f"{field}.term")
+    return value
+
+
+def decode_members(value: Any, field: str = "members") -> list[dict[str, Any]]:
+    """A members list (absent: empty): maps as ``decode_member`` checks them."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ProtocolError(field, f"a members list is a list, got {_short(value)}")
+    return [decode_member(m, f"{field}[{i}]") for i, m in enumerate(value)]
+
+
+@dataclass
+class Hello:
+    """A primary's hello on the wiring link."""
+
+    primary: dict[str, Any]
+    term: int
+    replicate_default: str | None
+    members: list[dict[str, Any]]
+    body: dict[str, Any]
+
+
+def decode_hello(body: dict[str, Any]) -> Hello:
+    primary = body.get("primary")
+    if primary is None:
+        primary = {}
+    primary = decode_member(primary, "hello.primary")
+    term = decode_term(body.get("term"), "hello.term")
+    default = body.get("replicate_default")
+    if default is not None and not isinstance(default, str):
+        raise ProtocolError("hello.replicate_default", f"{_short(default)} is not a string")
+    members = decode_members(body.get("members"), "hello.members")
+    return Hello(primary, term, default, members, dict(body, primary=primary, term=term, members=members))
+
+
+def decode_members_update(body: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
+    """A ``members`` update: (term, members)."""
+    return decode_term(body.get("term"), "members.term"), decode_members(body.get("members"))
+
+
+@dataclass
+class BrowserRequest:
+    """What a backup's replicating browser attach says: the term it follows, the ids and lineage it holds."""
+
+    term: int
+    ids: IdSet
+    lineage: Any
+
+
+def link_properties(read: Any, field: str) -> dict[str, Any]:
+    """A peer's properties (``read()``, proton's reading of them) as a plain map with string keys."""
+    try:
+        properties = read()
+    except Exception as error:  # noqa: BLE001 - proton fails on some legal maps (binary keys)
+        raise ProtocolError(field, f"not a map we can read ({type(error).__name__}: {error})",
+                            DECODE_ERROR) from None
+    if properties is None:
+        return {}
+    if not isinstance(properties, dict):
+        raise ProtocolError(field, f"not a map: {_short(properties)}")
+    return plain(properties)
+
+
+def decode_browser_request(properties: dict[str, Any]) -> BrowserRequest:
+    """The term, ids and lineage of a replicating browser's (plain) link properties."""
+    term = decode_term(properties.get(str(TERM_PROPERTY)), str(TERM_PROPERTY))
+    ids = properties.get(str(IDS_PROPERTY))
+    if ids is None:
+        ids = []
+    if not isinstance(ids, list):
+        raise ProtocolError(str(IDS_PROPERTY), f"an id set is a list, got {_short(ids)}")
+    for value in ids:
+        if type(value) is not int or not 1 <= value <= MAX_ID:
+            raise ProtocolError(str(IDS_PROPERTY), f"{_short(value)} is not an id (1..2**63-2)")
+    try:
+        id_set = IdSet.from_wire(ids)
+    except ValueError as error:
+        raise ProtocolError(str(IDS_PROPERTY), str(error)) from None
+    try:
+        their_lineage = lineage.from_wire(properties.get(str(LINEAGE_PROPERTY)))
+    except (TypeError, ValueError) as error:
+        raise ProtocolError(str(LINEAGE_PROPERTY), str(error)) from None
+    return BrowserRequest(term, id_set, their_lineage)

@@ -13,16 +13,16 @@ primary's guard for this backup releases its messages.  A control delivery
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-from cproton import PN_ACCEPTED, lib
-from proton import Link, Session, Terminus
+from cproton import PN_ACCEPTED, ffi, lib
+from proton import Condition, Link, Session, Terminus
 
 import structlog
 
 from hastandby.broker import lineage, sections
 from hastandby.broker.completion import Completion
-from hastandby.broker.links import delivery_tag, take_payload
+from hastandby.broker.links import take_payload
 from hastandby.broker.queue import Queue
 
 from hastandby.broker.idset import IdSet
@@ -32,6 +32,7 @@ from .protocol import (
     LINEAGE_PROPERTY,
     REPLICATE_PROPERTY,
     TERM_PROPERTY,
+    ProtocolError,
     decode_batch,
     decode_dequeues,
 )
@@ -43,6 +44,8 @@ _pn_delivery_pending = lib.pn_delivery_pending
 _pn_delivery_settled = lib.pn_delivery_settled
 _pn_delivery_update = lib.pn_delivery_update
 _pn_delivery_settle = lib.pn_delivery_settle
+_pn_delivery_tag = lib.pn_delivery_tag
+_unpack = ffi.unpack
 
 log = structlog.get_logger("hastandby.backup")
 
@@ -56,8 +59,9 @@ than a loopback or LAN round trip needs and bounds the primary's send buffer."""
 class QueueReplicator:
     """Keeps one replica queue equal to the primary's queue."""
 
-    def __init__(self, queue: Queue) -> None:
+    def __init__(self, queue: Queue, refuse: Callable[[ProtocolError], None] | None = None) -> None:
         self.queue = queue
+        self.refuse = refuse  # the primary broke the protocol (BackupReplication.refuse)
         self.offered: lineage.Lineage = queue.lineage  # what this link's attach said the replica holds
         self.link: Link | None = None
         self._impl: Any = None
@@ -108,12 +112,18 @@ class QueueReplicator:
             return
         impl = self._impl
         data = take_payload(impl, _pn_delivery_pending(delivery))
-        tag = delivery_tag(delivery)
-        if tag.startswith(DEQUEUE_TAG):
-            self._dequeue(data)
-            self._accept(delivery)
-        else:
-            self._enqueue_batch(data, delivery)
+        tag = _pn_delivery_tag(delivery)
+        try:
+            if not tag.size:  # proton gives an empty tag as NULL: no batch (b...) nor dequeue (d...) tag
+                raise ProtocolError("delivery-tag", "a replication delivery needs a tag (b... or d...)")
+            if _unpack(tag.start, tag.size).startswith(DEQUEUE_TAG):
+                self._dequeue(data)
+                self._accept(delivery)
+            else:
+                self._enqueue_batch(data, delivery)
+        except ProtocolError as error:
+            self._refused(error)
+            return
         # Each delivery took one credit: count them here instead of asking the
         # engine every time, and top up once half the window is used.
         self._unflowed += 1
@@ -149,6 +159,18 @@ class QueueReplicator:
 
     def _dequeue(self, data: bytes) -> None:
         self.dequeued += self.queue.dequeue_ranges(decode_dequeues(data).ranges(), "replicated")
+
+    def _refused(self, error: ProtocolError) -> None:
+        """Nothing of the delivery was stored: refuse the primary (its connection closes, we reconnect)."""
+        if self.refuse is not None:
+            self.refuse(error)
+            return
+        log.warning("replicating browser refused the primary's delivery", queue=self.queue.name,
+                    condition=error.condition, error=str(error))
+        self.close()
+        if self.link is not None:
+            self.link.condition = Condition(error.condition, str(error))
+            self.link.close()
 
     def flow(self) -> None:
         pass

@@ -307,7 +307,9 @@ class HaNode:
         log.info("following the primary", primary=primary.get("url"), term=term)
 
     def _members(self, term: int, members: list[dict[str, Any]]) -> None:
-        self.members = members
+        # Checked where decoded (browser/protocol.py decode_members): a list of maps.
+        self.members = [m for m in members if isinstance(m, dict)] if isinstance(members, list) else []
+        members = self.members
         mine = next((m for m in members if m.get("node_id") == self.node.node_id), None)
         if mine is None:
             return
@@ -461,7 +463,11 @@ class HaNode:
 
     def _is_admin(self, connection: Connection) -> bool:
         """An admin connection (it may inspect a backup): it says so, and its user is an admin or a peer node."""
-        if not (connection.remote_properties or {}).get(ADMIN_PROPERTY):
+        try:
+            properties = connection.remote_properties
+        except Exception:  # noqa: BLE001 - proton fails on some legal maps (binary keys): not an admin's
+            return False
+        if not isinstance(properties, dict) or not properties.get(ADMIN_PROPERTY):
             return False
         principal, authority = principal_of(connection), self.node.authority
         return authority.is_admin(principal) or authority.is_cluster(principal)
