@@ -36,6 +36,7 @@ from .authority import Authority, principal_of
 from .errors import BrokerError, InvalidArgument, NotFound
 from .limits import Limits
 from .links import close_link, receive_whole
+from .peer import field
 from .registry import Registry
 from .values import plain
 
@@ -280,6 +281,8 @@ class ManagementLink:
         link = self.link
         registry = self.management.registry
         try:
+            if not data:
+                raise InvalidArgument("a management request with no payload")
             if self.max_message_size and len(data) > self.max_message_size:
                 raise InvalidArgument(f"request larger than the maximum of {self.max_message_size} bytes")
             request = Message()
@@ -287,10 +290,14 @@ class ManagementLink:
                 request.decode(data)
             except Exception as error:
                 raise InvalidArgument(f"undecodable management request: {error}") from None
-            if not request.reply_to:
+            # Header strings are decoded when read, and may not be UTF-8: read them here, where a bad one is refused.
+            reply_to = field(lambda: request.reply_to, "reply-to")
+            field(lambda: request.id, "message-id")
+            field(lambda: request.correlation_id, "correlation-id")
+            if not reply_to:
                 raise InvalidArgument("a management request needs a reply-to address")
-            if registry.lookup(request.reply_to) is None:
-                raise NotFound(f"reply-to address {request.reply_to!r} does not exist")
+            if registry.lookup(reply_to) is None:
+                raise NotFound(f"reply-to address {reply_to!r} does not exist")
             self.management.handle(request, link.connection, self._reply)
         except BrokerError as error:
             delivery.local.condition = Condition(error.condition, str(error))

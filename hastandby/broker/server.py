@@ -57,6 +57,9 @@ from .links import IncomingLink, OutgoingLink
 from .management import ADDRESS as MANAGEMENT_ADDRESS
 from .management import Management, ManagementLink
 from .memory import MemoryAlarm
+from .peer import address as peer_address
+from .peer import field as peer_field
+from .peer import properties as peer_properties
 from .queue import Queue
 from .registry import REPLICATE, Node, Registry, queue_settings
 
@@ -99,7 +102,7 @@ def _binding_key(source: Terminus) -> str | None:
     """The subject filter a receiver on an exchange asked for, if any."""
     data = source.filter
     data.rewind()
-    filters = data.get_object() if data.next() else None
+    filters = peer_field(lambda: data.get_object() if data.next() else None, "source filter")
     if not isinstance(filters, dict):
         return None
     for value in filters.values():
@@ -193,6 +196,14 @@ class BrokerHandler(Handler):
     @guarded
     def on_connection_remote_open(self, event: Event) -> None:
         connection = event.connection
+        try:  # checked before anything reads them (admission hooks included)
+            peer_properties(connection, "connection properties")
+        except BrokerError as error:
+            log.info("connection refused", reason=str(error))
+            connection.container = self.container_id
+            connection.open()
+            self._end(connection, Refusal(Condition(error.condition, str(error))))
+            return
         refusal = self.admission(connection)
         if refusal is not None:
             log.info("connection refused", container=connection.remote_container,
@@ -353,6 +364,10 @@ class BrokerHandler(Handler):
         link.close()
 
     def _attach(self, link: Link) -> Any:
+        # What the hooks and the default handling read, checked first: a bad one refuses the link.
+        peer_properties(link, "link properties")
+        peer_address(link.remote_source, "source address")
+        peer_address(link.remote_target, "target address")
         for hook in self.attach_hooks:
             endpoint = hook(link)
             if endpoint is not None:

@@ -24,9 +24,9 @@ from typing import Any, Callable
 
 import structlog
 from cproton import lib
-from proton import Connection, Link
+from proton import Condition, Connection, Endpoint, Link
 
-from hastandby.broker import lineage
+from hastandby.broker import lineage, peer
 from hastandby.broker.arrivals import Arrivals
 from hastandby.broker.authority import Authority, principal_of
 from hastandby.broker.completion import Completion
@@ -44,6 +44,8 @@ from hastandby.browser.protocol import (
     ADMIN_PROPERTY,
     BACKUP_PROPERTY,
     IDS_PROPERTY,
+    MAX_ID,
+    ProtocolError,
     encode_control,
     receive_control,
 )
@@ -83,13 +85,13 @@ at the price of up to this much more lag."""
 
 def replica_info(connection: Connection) -> dict[str, Any] | None:
     """The ``hastandby.dr-replica`` connection property, if this is a replica's connection."""
-    info = (connection.remote_properties or {}).get(REPLICA_PROPERTY)
+    info = peer.properties(connection, "connection properties").get(REPLICA_PROPERTY)
     return plain(info) if isinstance(info, dict) else None
 
 
 def _is_peer(connection: Connection, authority: Authority) -> bool:
     """An HA backup (admitted as one: it replicates taps like any queue) or an admin (who may inspect them)."""
-    properties = connection.remote_properties or {}
+    properties = peer.properties(connection, "connection properties")
     if BACKUP_PROPERTY in properties:
         return True
     return bool(properties.get(ADMIN_PROPERTY)) and authority.is_admin(principal_of(connection))
@@ -329,12 +331,23 @@ class AckReceiver:
         self.link.flow(10)
 
     def on_delivery(self, impl: Any) -> None:
-        body = receive_control(impl)
-        if body is None:
+        try:
+            body = receive_control(impl)
+            if body is None:
+                return
+            through = body.get("through", 0)
+            if type(through) is not int or not 0 <= through <= MAX_ID:
+                raise ProtocolError("ack.through", f"{through!r:.80} is not a message id (an integer 0..2**63-2)")
+        except ProtocolError as error:  # the delivery is settled already: the link goes, naming the field
+            log.warning("replica acknowledgement refused", condition=error.condition, error=str(error))
+            self.close()
+            if self.link.state & Endpoint.LOCAL_ACTIVE:
+                self.link.condition = Condition(error.condition, str(error))
+                self.link.close()
             return
         endpoint = self.endpoint_for(self.link.connection)
         if endpoint is not None:
-            endpoint.acknowledged(int(body.get("through", 0)))
+            endpoint.acknowledged(through)
 
     def flow(self) -> None:
         pass
@@ -375,9 +388,9 @@ class DrSource:
 
     def attach(self, link: Link) -> Any:
         """Claim a replica's receiving link; None for any other link."""
-        properties = plain(link.remote_properties or {})
+        properties = plain(peer.properties(link, "link properties"))
         terminus = link.remote_source if link.is_sender else link.remote_target
-        address = terminus.address or ""
+        address = peer.address(terminus, "source address" if link.is_sender else "target address") or ""
         info = replica_info(link.connection)
         if info is not None and not self.authority.is_cluster(principal_of(link.connection)):
             user = principal_of(link.connection).user
