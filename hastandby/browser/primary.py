@@ -57,11 +57,9 @@ from hastandby.wiring.publisher import WiringPublisher
 from .guard import QueueGuard
 from .protocol import (
     BACKUP_PROPERTY,
-    IDS_PROPERTY,
     LINEAGE_PROPERTY,
     REPLICATE_PROPERTY,
     STATUS_ADDRESS,
-    TERM_PROPERTY,
     WIRING_ADDRESS,
     ProtocolError,
     decode_browser_request,
