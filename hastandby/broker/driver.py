@@ -650,7 +650,7 @@ class Driver:
         """A handler failed (on any connection, ours to a peer included): close what the event is about."""
         condition = Condition("amqp:internal-error", f"{type(error).__name__}: {error}")
         link, connection = event.link, event.connection
-        log.exception("event handler failed, closing its link or connection", event=event.type.method,
+        log.exception("event handler failed, closing its link or connection", proton_event=event.type.method,
                       link=link.name if link is not None else None)
         if link is not None and link.state & Endpoint.LOCAL_ACTIVE:
             link.condition = condition
