@@ -51,6 +51,8 @@ class Epoch:
         return (self.term, self.node)
 
 
+_MAX = 2**63 - 1  # terms and ids travel as AMQP longs: a peer's larger value could never be sent on
+
 Lineage = tuple[Epoch, ...]
 """A queue's epochs with strictly increasing ``first_id``; empty for a queue no primary has claimed."""
 
@@ -96,8 +98,8 @@ def from_wire(wire: Any) -> Lineage:
         if not isinstance(entry, (list, tuple)) or len(entry) != 3:
             raise ValueError(f"lineage entry {index} is not [term, node, first_id]: {entry!r}")
         term, node, first_id = entry
-        if type(term) is not int or term < 0 or type(first_id) is not int or first_id < 1:
-            raise ValueError(f"lineage entry {index} needs a term >= 0 and a first id >= 1: {entry!r}")
+        if type(term) is not int or not 0 <= term <= _MAX or type(first_id) is not int or not 1 <= first_id <= _MAX:
+            raise ValueError(f"lineage entry {index} needs a term >= 0 and a first id >= 1, both below 2**63: {entry!r}")
         if not isinstance(node, str) or not node:
             raise ValueError(f"lineage entry {index} needs a node id: {entry!r}")
         if epochs and first_id <= epochs[-1].first_id:

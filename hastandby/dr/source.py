@@ -413,7 +413,7 @@ class DrSource:
         if mode == "full":
             try:
                 ids = IdSet.from_wire([int(x) for x in properties.get(str(IDS_PROPERTY), [])])
-            except (TypeError, ValueError) as error:
+            except (TypeError, ValueError, OverflowError) as error:  # OverflowError: int(float("inf"))
                 raise InvalidArgument(f"bad {IDS_PROPERTY}: {error}") from None
             try:
                 replica_lineage = lineage.from_wire(properties.get(str(LINEAGE_PROPERTY)))

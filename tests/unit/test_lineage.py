@@ -88,3 +88,14 @@ def test_wire_round_trip():
 def test_bad_wire_lineages_are_refused_by_name(wire, message):
     with pytest.raises(ValueError, match=message):
         from_wire(wire)
+
+
+def test_terms_and_ids_that_do_not_fit_an_amqp_long_are_refused():
+    """A lying primary's lineage with a term of 2**64 was adopted, then could not be encoded on the next attach."""
+    import pytest
+
+    from hastandby.broker.lineage import from_wire
+
+    for wire in ([[2**63, "a", 1]], [[1, "a", 2**63]]):
+        with pytest.raises(ValueError, match="below 2"):
+            from_wire(wire)
