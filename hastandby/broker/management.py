@@ -57,6 +57,8 @@ class Request:
 
     def __init__(self, message: Message, connection: Connection) -> None:
         props = message.properties or {}
+        if not isinstance(props, dict):
+            raise InvalidArgument("a management request's application properties must be a map")
         self.operation = str(props.get("operation", "")).upper()
         self.type = str(props.get("type", "") or "")
         self.name = str(props.get("name", "") or "")

@@ -26,6 +26,7 @@ import structlog
 
 from hastandby.broker.errors import InvalidArgument
 from hastandby.files import write_atomically
+from hastandby.node import split_hostport
 
 from .protocol import MODES
 
@@ -57,6 +58,11 @@ class ReplicationConfig:
             raise InvalidArgument(f"invalid replication mode {self.mode!r}: must be one of {', '.join(MODES)}")
         if not self.addresses():
             raise InvalidArgument("replication needs a source node (HOST:PORT[,HOST:PORT...])")
+        for address in self.addresses():
+            try:
+                split_hostport(address)
+            except ValueError:
+                raise InvalidArgument(f"invalid source address {address!r}: HOST:PORT[,HOST:PORT...]") from None
         for limit in (self.max_backlog_count, self.max_backlog_bytes):
             if limit is not None and (not isinstance(limit, int) or limit <= 0):
                 raise InvalidArgument(f"max-backlog must be a positive whole number, got {limit!r}")

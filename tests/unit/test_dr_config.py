@@ -27,6 +27,8 @@ def test_config_defaults_and_round_trip():
     ({"queue": "q", "source": "a:1", "mode": "mirror"}, "invalid replication mode"),
     ({"queue": "q", "source": "a:1", "mode": "enqueue", "max_backlog_count": 0}, "positive"),
     ({"queue": "q", "source": "a:1", "max_backlog_bytes": 100}, "enqueue mode only"),
+    ({"queue": "q", "source": "a:1,b:2;I."}, "invalid source address 'b:2;I.'"),  # fuzz: crashed _start later
+    ({"queue": "q", "source": "a:99999"}, "invalid source address"),
 ])
 def test_config_refuses_bad_values(fields, words):
     with pytest.raises(InvalidArgument, match=words):
