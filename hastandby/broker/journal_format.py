@@ -9,7 +9,8 @@ instead of refusing to start.
 
 Record types and bodies:
 
-- ``OPEN``: JSON ``{"node": id, "term": n}``, first in every file written;
+- ``OPEN``: JSON ``{"node": id, "term": n}``, first in every file written
+  and first of every run that appends to a file;
 - ``QUEUE``: u32 number, then JSON ``{"uuid", "name"}`` (later records name
   the queue by number);
 - ``ENQUEUE``: u32 queue number, u64 replication id, the message's bytes;
@@ -33,6 +34,7 @@ OPEN, QUEUE, ENQUEUE, DEQUEUE, LINEAGE, TERM, CLOSE = range(1, 8)
 _HEAD = struct.Struct("<IIB")
 _NUMBER = struct.Struct("<I")
 _ENQUEUE = struct.Struct("<IQ")
+_ENQUEUE_HEAD = struct.Struct("<IIBIQ")  # _HEAD then _ENQUEUE
 _RANGE = struct.Struct("<QQ")
 MAX_RECORD = 1 << 31
 _KIND_CRC = [zlib.crc32(bytes([kind])) for kind in range(256)]  # a record's checksum starts with its type byte
@@ -96,24 +98,30 @@ def read_records(stream: BinaryIO, result: Read) -> Iterator[tuple[int, Any]]:
     end = len(data)
     offset = 0
     head = _HEAD.size
+    # An enqueue record's head and fixed fields in one unpack: most records are enqueues.
+    enqueue_head, enqueue_fields = _ENQUEUE_HEAD.unpack_from, _ENQUEUE_HEAD.size
+    crc32, kind_crc = zlib.crc32, _KIND_CRC
     while offset < end:
-        if end - offset < head:
+        if end - offset >= enqueue_fields:
+            length, crc, kind, number, msg_id = enqueue_head(data, offset)
+        elif end - offset >= head:
+            length, crc, kind = _HEAD.unpack_from(data, offset)
+        else:
             result.torn = True
             return
-        length, crc, kind = _HEAD.unpack_from(data, offset)
-        start, stop = offset + head, offset + head + length - 1
-        if length < 1 or length > MAX_RECORD or stop > end or zlib.crc32(view[start:stop], _KIND_CRC[kind]) != crc:
+        start = offset + head
+        stop = start + length - 1
+        if length < 1 or length > MAX_RECORD or stop > end or crc32(view[start:stop], kind_crc[kind]) != crc:
             result.torn = True
             return
-        try:
-            if kind == ENQUEUE:
-                number, msg_id = _ENQUEUE.unpack_from(data, start)
-                decoded: Any = (number, msg_id, data[start + _ENQUEUE.size:stop])
-            else:
+        if kind == ENQUEUE and stop >= offset + enqueue_fields:
+            decoded: Any = (number, msg_id, data[offset + enqueue_fields:stop])
+        else:
+            try:
                 decoded = _decode(kind, data[start:stop])
-        except (ValueError, struct.error):
-            result.torn = True
-            return
+            except (ValueError, struct.error):
+                result.torn = True
+                return
         offset = stop
         result.valid_bytes = offset
         yield kind, decoded

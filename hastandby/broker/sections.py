@@ -83,6 +83,8 @@ def header_ttl(buf: bytes) -> int | None:
     """The header's ``ttl`` in milliseconds, or None; cheap when there is no header."""
     if not buf.startswith(HEADER_PREFIX) or buf[3] == _EMPTY_LIST:
         return None
+    if len(buf) > 5 and buf[3] == 0xC0 and buf[5] < 3:  # a list8 of fewer than three fields: no ttl
+        return None
     fast = _read_header(buf)
     if fast is not None:
         return fast[1]

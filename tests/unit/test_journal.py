@@ -22,6 +22,7 @@ from hastandby.broker.lineage import Epoch
 from hastandby.broker.registry import Registry
 
 UUID = "6f8c1a52-0000-4000-8000-000000000001"
+OTHER_UUID = "6f8c1a52-0000-4000-8000-000000000002"
 
 
 class Loop:
@@ -45,10 +46,14 @@ class Loop:
         assert until(), "not settled"
 
 
-def node(directory: Path, sync: str = "batch") -> tuple[Registry, Journal, Loop]:
+def node(directory: Path, sync: str = "batch", also: tuple[str, str] | None = None,
+         ) -> tuple[Registry, Journal, Loop]:
+    """A node's registry and journal, recovered from ``directory``; ``also``: one more durable queue (name, uuid)."""
     registry = Registry("none", True)
     registry.declare_queue("orders", durable=True, object_uuid=UUID)
     registry.declare_queue("scratch")
+    if also is not None:
+        registry.declare_queue(also[0], durable=True, object_uuid=also[1])
     loop = Loop()
     journal = Journal(directory, "n1", registry, sync, loop.after.append, loop.calls.put,
                       lambda delay, fn: loop.timers.append(fn))
@@ -141,6 +146,37 @@ def test_compaction_keeps_the_live_messages_and_what_comes_after(tmp_path, monke
     again, journal_again, _ = node(tmp_path)
     assert [body for _, body in bodies(again, "orders")] == ["m55", "m56", "m57", "m58", "m59", "after"]
     journal_again.close()
+
+
+def test_a_start_appends_to_a_file_near_its_live_data_and_compacts_one_past_the_rule(tmp_path, monkeypatch):
+    monkeypatch.setattr("hastandby.broker.journal.COMPACT_MIN", 1 << 30)  # no compaction until the last start
+    registry, journal, loop = node(tmp_path)
+    outcomes = [produce(registry, "orders", f"m{index}") for index in range(10)]
+    loop.settle(until=lambda: all(outcomes))
+    journal.close()
+    path = tmp_path / "journal"
+    first = path.read_bytes()
+    again, journal_again, loop_again = node(tmp_path)
+    assert path.read_bytes().startswith(first), "appended to, not rewritten"
+    again.declare_queue("invoices", durable=True, object_uuid=OTHER_UUID)  # new to the file: a number of its own
+    outcomes = [produce(again, "invoices", "i1")] + [produce(again, "orders", f"n{index}") for index in range(60)]
+    loop_again.settle(until=lambda: all(outcomes))
+    for msg_id in range(1, 69):
+        again.queues["orders"].dequeue(msg_id, "consumed")
+    loop_again.settle(until=lambda: not journal_again._jobs.qsize())
+    journal_again.close()
+    third, journal_third, _ = node(tmp_path, also=("invoices", OTHER_UUID))
+    assert bodies(third, "orders") == [(69, "n58"), (70, "n59")]
+    assert bodies(third, "invoices") == [(1, "i1")]
+    journal_third.close()
+    size = path.stat().st_size
+    monkeypatch.setattr("hastandby.broker.journal.COMPACT_MIN", 3000)
+    assert size > 3000, "the test needs a file past COMPACT_MIN"
+    fourth, journal_fourth, _ = node(tmp_path, also=("invoices", OTHER_UUID))
+    assert path.stat().st_size < size // 3, "past the rule: rewritten with the live messages only"
+    assert bodies(fourth, "orders") == [(69, "n58"), (70, "n59")]
+    assert bodies(fourth, "invoices") == [(1, "i1")]
+    journal_fourth.close()
 
 
 def test_a_failed_write_rejects_the_waiting_producers_and_refuses_more(tmp_path, monkeypatch):

@@ -225,6 +225,23 @@ def test_replica_takes_given_ids_in_order_and_drops_duplicates():
     assert q.next_id == 10
 
 
+def test_restore_fills_an_empty_queue_in_order_with_ttls_from_the_headers():
+    from proton import Message
+
+    short = bytes(Message(body="short", durable=True, ttl=0.01).encode())
+    kept = bytes(Message(body="kept", durable=True).encode())
+    q = make()
+    q.restore([4, 7, 9], [kept, short, b"plain"])
+    assert (q.ids(), q.depth, q.next_id) == ([4, 7, 9], 3, 10)
+    assert q.bytes == len(kept) + len(short) + len(b"plain")
+    import time
+
+    assert q.expire(time.monotonic() + 1.0) == 1 and q.ids() == [4, 9]
+    assert q.enqueue(b"next") == 10
+    with pytest.raises(ValueError, match="not empty"):
+        q.restore([11], [b"x"])
+
+
 class Recorder:
     def __init__(self):
         self.events = []
