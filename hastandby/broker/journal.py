@@ -64,6 +64,7 @@ log = structlog.get_logger("hastandby.journal")
 SYNC_MODES = ("batch", "always", "off")
 COMPACT_FACTOR = 3  # the file is rewritten once it holds this many times the live data ...
 COMPACT_MIN = 64 << 20  # ... and at least this many bytes
+RUN_MESSAGES = 10_000  # most messages in one enqueue-run record
 PROBE_INTERVAL = 1.0  # seconds between write attempts while the disk is full
 
 
@@ -118,6 +119,7 @@ class Journal:
         self._numbers: dict[str, int] = {}  # queue uuid -> its number in the file (kept across compactions)
         self._journaled: dict[Queue, IdSet] = {}  # the durable queues followed, and their ids on disk
         self._buffer = bytearray()
+        self._enqueue_run: tuple[Queue, list[int], list[bytes]] | None = None  # one queue's enqueues: one record
         self._dequeue_run: tuple[Queue, int, int] | None = None  # consecutive dequeues become one record
         self._held: list[tuple[Completion, Queue, int]] = []
         self._flush_pending = False
@@ -154,12 +156,15 @@ class Journal:
             with open(self.path, "rb") as stream:
                 for kind, body in jf.read_records(stream, result):
                     report.clean = kind == jf.CLOSE
-                    if kind == jf.ENQUEUE:
-                        number, msg_id, payload = body
+                    if kind == jf.ENQUEUE_RUN:
+                        number, ids, payloads = body
                         slot = slots.get(number)
                         if slot is None:
                             slot = slots[number] = held.setdefault(uuids.get(number, ""), {})
-                        slot[msg_id] = payload
+                        slot.update(zip(ids, payloads))
+                    elif kind == jf.ENQUEUE:
+                        number, msg_id, payload = body
+                        slots.setdefault(number, held.setdefault(uuids.get(number, ""), {}))[msg_id] = payload
                     elif kind in (jf.OPEN, jf.TERM):
                         report.term = max(report.term, int(body.get("term", 0)))
                     elif kind == jf.QUEUE:
@@ -250,14 +255,20 @@ class Journal:
         return number
 
     def _add(self, record: bytes) -> None:
-        """Append a record, after the run of dequeues before it: records keep their order."""
-        self._end_dequeue_run()
+        """Append a record after the run pending before it: records keep their order."""
+        self._end_runs()
         self._buffer += record
 
-    def _end_dequeue_run(self) -> None:
-        run, self._dequeue_run = self._dequeue_run, None
-        if run is not None:
-            self._buffer += jf.dequeue_record(self._number(run[0]), [(run[1], run[2])])
+    def _end_runs(self) -> None:
+        """Write out the pending run of enqueues or of dequeues (starting one ends the other)."""
+        enqueues, self._enqueue_run = self._enqueue_run, None
+        if enqueues is not None:
+            number = self._number(enqueues[0])  # a queue new to the file gets its QUEUE record first
+            self._buffer += jf.enqueue_run_record(number, enqueues[1], enqueues[2])
+        dequeues, self._dequeue_run = self._dequeue_run, None
+        if dequeues is not None:
+            number = self._number(dequeues[0])
+            self._buffer += jf.dequeue_record(number, [(dequeues[1], dequeues[2])])
 
     def admit(self, targets: list[Queue], data: bytes) -> None:
         """Before routing: while writes fail, a durable message for a durable queue is refused at once."""
@@ -267,7 +278,12 @@ class Journal:
     def enqueued(self, queue: Queue, msg_id: int, data: bytes, completion: Completion | None) -> None:
         if not data.startswith(sections.HEADER_PREFIX) or not sections.header_durable(data):
             return
-        self._add(jf.enqueue_record(self._number(queue), msg_id, data))
+        run = self._enqueue_run
+        if run is None or run[0] is not queue or len(run[1]) >= RUN_MESSAGES:
+            self._end_runs()
+            run = self._enqueue_run = (queue, [], [])
+        run[1].append(msg_id)
+        run[2].append(data)
         self._journaled[queue].add(msg_id)
         self.stats["messages"] += 1
         if completion is not None and self.sync != "off" and not completion.done:
@@ -293,7 +309,7 @@ class Journal:
         if run is not None and run[0] is queue and run[2] + 1 == msg_id:
             self._dequeue_run = (queue, run[1], msg_id)
         else:
-            self._end_dequeue_run()
+            self._end_runs()
             self._dequeue_run = (queue, msg_id, msg_id)
         self._flush_soon()
 
@@ -334,7 +350,7 @@ class Journal:
     def _flush(self) -> None:
         """One pass of events' records to the writer thread, with the completions waiting on them."""
         self._flush_pending = False
-        self._end_dequeue_run()
+        self._end_runs()
         if not self._buffer:
             return
         self._jobs.put(_Job(bytes(self._buffer), self._held))
@@ -462,9 +478,11 @@ class Journal:
         for number, uuid, name, wire, ids, payloads, journaled in snapshot:
             parts.append(jf.queue_record(number, uuid, name))
             parts.append(jf.lineage_record(number, wire))
-            for msg_id, payload in zip(ids, payloads):
-                if payload is not None and msg_id in journaled:
-                    parts.append(jf.enqueue_record(number, msg_id, payload))
+            kept = [(msg_id, payload) for msg_id, payload in zip(ids, payloads)
+                    if payload is not None and msg_id in journaled]
+            for at in range(0, len(kept), RUN_MESSAGES):
+                run = kept[at:at + RUN_MESSAGES]
+                parts.append(jf.enqueue_run_record(number, [m for m, _ in run], [p for _, p in run]))
         return b"".join(parts)
 
     def _begin_restart_epochs(self, queues: Any) -> None:

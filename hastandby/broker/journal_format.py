@@ -13,7 +13,14 @@ Record types and bodies:
   and first of every run that appends to a file;
 - ``QUEUE``: u32 number, then JSON ``{"uuid", "name"}`` (later records name
   the queue by number);
-- ``ENQUEUE``: u32 queue number, u64 replication id, the message's bytes;
+- ``ENQUEUE_RUN``: u32 queue number, u32 count, then count u64 replication
+  ids, count u32 message lengths, and the messages' bytes one after the
+  other: the messages of one queue enqueued in one pass of the event loop
+  (or a stretch of a compacted file).  One record, one checksum and a few
+  array copies per run instead of a record each: a restarted node reads a
+  million messages back several times faster;
+- ``ENQUEUE``: u32 queue number, u64 replication id, the message's bytes
+  (one message: what journals written before runs hold; still read);
 - ``DEQUEUE``: u32 queue number, u32 count, then count pairs of u64 (lo, hi),
   closed ranges of ids;
 - ``LINEAGE``: u32 queue number, JSON of the lineage's wire form
@@ -26,16 +33,21 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 import zlib
+from array import array
+from itertools import accumulate
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Iterable, Iterator
 
-OPEN, QUEUE, ENQUEUE, DEQUEUE, LINEAGE, TERM, CLOSE = range(1, 8)
+OPEN, QUEUE, ENQUEUE, DEQUEUE, LINEAGE, TERM, CLOSE, ENQUEUE_RUN = range(1, 9)
 _HEAD = struct.Struct("<IIB")
 _NUMBER = struct.Struct("<I")
 _ENQUEUE = struct.Struct("<IQ")
 _ENQUEUE_HEAD = struct.Struct("<IIBIQ")  # _HEAD then _ENQUEUE
 _RANGE = struct.Struct("<QQ")
+_RUN = struct.Struct("<II")
+_SWAP = sys.byteorder != "little"  # arrays are in the machine's order, the file is little-endian
 MAX_RECORD = 1 << 31
 _KIND_CRC = [zlib.crc32(bytes([kind])) for kind in range(256)]  # a record's checksum starts with its type byte
 
@@ -58,6 +70,16 @@ def enqueue_record(number: int, msg_id: int, payload: bytes) -> bytes:
     head = _ENQUEUE.pack(number, msg_id)
     crc = zlib.crc32(payload, zlib.crc32(head, zlib.crc32(bytes([ENQUEUE]))))
     return _HEAD.pack(typed_len, crc, ENQUEUE) + head + payload
+
+
+def enqueue_run_record(number: int, ids: list[int], payloads: list[bytes]) -> bytes:
+    """The messages of one queue, ``ids`` (increasing) with their ``payloads``, as one record."""
+    id_array, lengths = array("Q", ids), array("I", map(len, payloads))
+    if _SWAP:
+        id_array.byteswap()
+        lengths.byteswap()
+    return record(ENQUEUE_RUN, b"".join([_RUN.pack(number, len(ids)), id_array.tobytes(), lengths.tobytes(),
+                                         *payloads]))
 
 
 def dequeue_record(number: int, ranges: Iterable[tuple[int, int]]) -> bytes:
@@ -136,6 +158,8 @@ def _decode(kind: int, body: bytes) -> Any:
     if kind == ENQUEUE:
         number, msg_id = _ENQUEUE.unpack_from(body)
         return number, msg_id, body[_ENQUEUE.size:]
+    if kind == ENQUEUE_RUN:
+        return _decode_run(body)
     if kind == DEQUEUE:
         number, count = struct.unpack_from("<II", body)
         if len(body) != 8 + count * _RANGE.size:
@@ -147,3 +171,22 @@ def _decode(kind: int, body: bytes) -> Any:
     if kind == CLOSE:
         return None
     raise ValueError(f"unknown record type {kind}")
+
+
+def _decode_run(body: bytes) -> tuple[int, list[int], list[bytes]]:
+    number, count = _RUN.unpack_from(body)
+    ids_at = _RUN.size
+    lengths_at = ids_at + 8 * count
+    payloads_at = lengths_at + 4 * count
+    if payloads_at > len(body):
+        raise ValueError("an enqueue run's ids and lengths do not fit it")
+    ids, lengths = array("Q"), array("I")
+    ids.frombytes(body[ids_at:lengths_at])
+    lengths.frombytes(body[lengths_at:payloads_at])
+    if _SWAP:
+        ids.byteswap()
+        lengths.byteswap()
+    ends = list(accumulate(lengths, initial=payloads_at))
+    if ends[-1] != len(body):
+        raise ValueError("an enqueue run's lengths do not add up to its bytes")
+    return number, ids.tolist(), [body[start:end] for start, end in zip(ends, ends[1:])]

@@ -120,8 +120,9 @@ def test_a_restart_brings_back_the_durable_messages_their_ids_and_lineage(tmp_pa
 
 def test_a_torn_tail_is_cut_off_and_the_rest_recovered(tmp_path):
     registry, journal, loop = node(tmp_path)
-    outcomes = [produce(registry, "orders", body) for body in ("a", "b", "c")]
-    loop.settle(until=lambda: all(outcomes))
+    for body in ("a", "b", "c"):  # a pass each: a record each (one pass's messages share a record)
+        outcome = produce(registry, "orders", body)
+        loop.settle(until=lambda: outcome)
     journal.close()
     path = tmp_path / "journal"
     path.write_bytes(path.read_bytes()[:-14])  # the CLOSE record (9 bytes) and part of the last message
@@ -170,8 +171,8 @@ def test_a_start_appends_to_a_file_near_its_live_data_and_compacts_one_past_the_
     assert bodies(third, "invoices") == [(1, "i1")]
     journal_third.close()
     size = path.stat().st_size
-    monkeypatch.setattr("hastandby.broker.journal.COMPACT_MIN", 3000)
-    assert size > 3000, "the test needs a file past COMPACT_MIN"
+    monkeypatch.setattr("hastandby.broker.journal.COMPACT_MIN", 2000)
+    assert size > 2000, "the test needs a file past COMPACT_MIN"
     fourth, journal_fourth, _ = node(tmp_path, also=("invoices", OTHER_UUID))
     assert path.stat().st_size < size // 3, "past the rule: rewritten with the live messages only"
     assert bodies(fourth, "orders") == [(69, "n58"), (70, "n59")]

@@ -15,6 +15,7 @@ def records() -> bytes:
         jf.queue_record(1, "u-1", "orders"),
         jf.enqueue_record(1, 41, b"\x00Sp\xc0\x02\x01Ahello"),
         jf.enqueue_record(1, 42, b""),
+        jf.enqueue_run_record(1, [43, 44, 46], [b"\x00Sp\xc0\x02\x01Aa", b"", b"ccc"]),
         jf.dequeue_record(1, [(41, 41), (100, 2**62)]),
         jf.lineage_record(1, [[7, "n1", 1]]),
         jf.term_record(9),
@@ -34,6 +35,7 @@ def test_every_record_type_round_trips():
         (jf.QUEUE, (1, {"uuid": "u-1", "name": "orders"})),
         (jf.ENQUEUE, (1, 41, b"\x00Sp\xc0\x02\x01Ahello")),
         (jf.ENQUEUE, (1, 42, b"")),
+        (jf.ENQUEUE_RUN, (1, [43, 44, 46], [b"\x00Sp\xc0\x02\x01Aa", b"", b"ccc"])),
         (jf.DEQUEUE, (1, [(41, 41), (100, 2**62)])),
         (jf.LINEAGE, (1, [[7, "n1", 1]])),
         (jf.TERM, {"term": 9}),
@@ -64,3 +66,15 @@ def test_a_flipped_byte_ends_the_good_part_there():
 def test_an_absurd_length_is_a_torn_tail_not_a_huge_read():
     found, result = read(jf.open_record("n", 1) + b"\xff\xff\xff\xff" + b"\0" * 5)
     assert result.torn and len(found) == 1
+
+
+def test_a_run_whose_lengths_do_not_add_up_ends_the_good_part():
+    good = jf.open_record("n", 1)
+    run = jf.enqueue_run_record(1, [1, 2], [b"ab", b"cd"])
+    body = bytearray(run[9:])  # after length, checksum and type: number, count, ids, lengths, bytes
+    body[8 + 16] = 3  # the first length says 3: the lengths no longer add up to the bytes
+    lying = jf.record(jf.ENQUEUE_RUN, bytes(body))  # a valid checksum over a lying body
+    found, result = read(good + lying)
+    assert result.torn and result.valid_bytes == len(good) and len(found) == 1
+    found, result = read(good + run[:-1])  # cut inside the run
+    assert result.torn and result.valid_bytes == len(good)
