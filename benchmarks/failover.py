@@ -1,6 +1,6 @@
 """Failover of a hot-standby cluster under load: kill -9, SIGSTOP and SIGTERM of the primary.
 
-    python -m benchmarks.failover [--rounds 20] [--faults kill,stop,term] [--lease-ttl 2]
+    python -m benchmarks.failover [--rounds 20] [--faults kill,stop,term,kill9-broker] [--lease-ttl 2]
         [--nodes 3] [--rate 200] [--out DIR]
 
 Each round, on loopback with free ports: a fresh etcd (temporary data
@@ -9,8 +9,10 @@ their own; once one node is primary and the others are backups, an
 ``all``-replicated queue, a consumer and a producer (``failover_clients``:
 python-qpid-proton, URL list of every node, fixed 0.1 s reconnect delay, one
 numbered message every 1/rate s).  After a steady period the primary gets the
-fault: ``kill`` (SIGKILL), ``stop`` (SIGSTOP for 2 x TTL, then SIGCONT) or
-``term`` (SIGTERM, a graceful stop).  The round waits (bounded) for a new
+fault: ``kill`` (SIGKILL), ``stop`` (SIGSTOP for 2 x TTL, then SIGCONT),
+``term`` (SIGTERM, a graceful stop) or ``kill9-broker`` (the nodes run under
+``serve --supervise``; SIGKILL of the primary's broker process only, so its
+supervisor revokes the lease at once and starts it again as a backup).  The round waits (bounded) for a new
 primary, for the producer's first acknowledgement from it and for every other
 surviving node to be a backup of it again, runs steady again, stops the
 producer, lets the consumer drain and stops every process by PID.
@@ -64,8 +66,10 @@ FAULT_ALIASES = {
     "kill": ts.FAULT_KILL9, "kill9": ts.FAULT_KILL9,
     "stop": ts.FAULT_SIGSTOP, "sigstop": ts.FAULT_SIGSTOP,
     "term": ts.FAULT_SIGTERM, "sigterm": ts.FAULT_SIGTERM,
+    "kill9-broker": ts.FAULT_KILL9_BROKER,
 }
-SIGNALS = {ts.FAULT_KILL9: signal.SIGKILL, ts.FAULT_SIGSTOP: signal.SIGSTOP, ts.FAULT_SIGTERM: signal.SIGTERM}
+SIGNALS = {ts.FAULT_KILL9: signal.SIGKILL, ts.FAULT_SIGSTOP: signal.SIGSTOP, ts.FAULT_SIGTERM: signal.SIGTERM,
+           ts.FAULT_KILL9_BROKER: signal.SIGKILL}
 QUEUE = "failover"
 PROBE_QUEUE = "failover-probe"  # the SIGSTOP fencing probe's queue
 PROBE_RATE = 50.0
@@ -83,6 +87,7 @@ GOALS = {
     ts.FAULT_KILL9: {"unavailability_p50_s": 2.5, "unavailability_max_s": 4.0},
     ts.FAULT_SIGTERM: {"unavailability_p50_s": 0.5},
     ts.FAULT_SIGSTOP: {},
+    ts.FAULT_KILL9_BROKER: {"unavailability_p50_s": 0.5, "unavailability_max_s": 1.0},  # issue 16
 }
 GOAL_TTL = 2.0
 CAMPAIGN_WINDOW = 0.5  # s: how far before the watch's report a node's campaign decision may bound a deletion
@@ -321,6 +326,17 @@ class NodeProc:
         return f"amqp://{self.address}"
 
 
+def _only_child(pid: int) -> int:
+    """The one child process of ``pid`` (a supervisor's broker), from /proc."""
+    children = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as listing:
+            children += [int(child) for child in listing.read().split()]
+    if len(children) != 1:
+        raise RuntimeError(f"process {pid} has {len(children)} children, not one broker")
+    return children[0]
+
+
 def _stop_node(node: NodeProc) -> None:
     if node.service.running():
         try:
@@ -436,6 +452,8 @@ class RoundRunner:
             argv = [sys.executable, "-m", "hastandby", "serve", "--listen", f"{LOOPBACK}:{port}",
                     "--etcd", url, "--cluster", self.cluster, "--node-id", node_id,
                     "--lease-ttl", str(self.s.lease_ttl), "--log-format", "json", *_auth.users().serve_arguments()]
+            if self.fault == ts.FAULT_KILL9_BROKER:
+                argv.append("--supervise")
             service = Service(node_id, argv, self.logs / f"{node_id}.log", cwd=REPO_ROOT, env=python_env())
             self.nodes.append(NodeProc(node_id, port, service))
         for node in self.nodes:
@@ -489,7 +507,10 @@ class RoundRunner:
             raise RuntimeError(f"the primary changed before the fault: {self._states()}")
 
     def _inject(self) -> None:
-        os.kill(self.primary.service.pid, SIGNALS[self.fault])
+        target = self.primary.service.pid
+        if self.fault == ts.FAULT_KILL9_BROKER:  # the broker under the supervisor, not the supervisor
+            target = _only_child(target)
+        os.kill(target, SIGNALS[self.fault])
         self.t_fault = time.time()
         if self.fault == ts.FAULT_SIGSTOP:  # frozen for 2 x TTL (etcd grants at least MIN_LEASE_TTL)
             self.resume_due = time.monotonic() + 2 * max(self.s.lease_ttl, MIN_LEASE_TTL)
@@ -997,7 +1018,7 @@ def parse_faults(text: str) -> list[str]:
     faults = []
     for name in (part.strip().lower() for part in text.split(",") if part.strip()):
         if name not in FAULT_ALIASES:
-            raise argparse.ArgumentTypeError(f"unknown fault {name!r}: use kill, stop, term")
+            raise argparse.ArgumentTypeError(f"unknown fault {name!r}: use kill, stop, term, kill9-broker")
         if FAULT_ALIASES[name] not in faults:
             faults.append(FAULT_ALIASES[name])
     if not faults:
@@ -1009,7 +1030,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.failover", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=20, help="rounds per fault type")
     parser.add_argument("--faults", type=parse_faults, default=parse_faults("kill,stop,term"),
-                        help="comma-separated: kill (SIGKILL), stop (SIGSTOP 2 x TTL), term (SIGTERM)")
+                        help="comma-separated: kill (SIGKILL), stop (SIGSTOP 2 x TTL), term (SIGTERM), "
+                             "kill9-broker (SIGKILL of the broker under serve --supervise)")
     parser.add_argument("--lease-ttl", type=int, default=2, help="etcd lease TTL of the nodes, seconds")
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--rate", type=float, default=200.0, help="producer messages per second")

@@ -195,6 +195,9 @@ def _etcd_settings(endpoints: str | None, ca_file: str | None, cert_file: str | 
                    "peers then know this node by its --listen-tls address")
 @click.option("--metrics-listen", metavar="HOST:PORT",
               help="serve Prometheus metrics at http://HOST:PORT/metrics (docs/metrics.md)")
+@click.option("--supervise", is_flag=True,
+              help="run the node as a child process: when it dies, revoke its etcd lease at once (a backup "
+                   "takes over without waiting for the TTL) and start it again (docs/lifecycle.md)")
 def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, replicate: str | None,
           max_message_size: int, no_auto_create: bool, heartbeat: float | None, ha_cluster: bool,
           brokers_url: str, public_url: str | None, backup_timeout: float, client_redirect: bool,
@@ -204,7 +207,7 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
           ssl_cert_file: Path | None, ssl_key_file: Path | None, ssl_ca_file: Path | None,
           ssl_require_client_cert: bool, peer_user: str | None, peer_password_file: Path | None,
           memory_high_watermark: str | None, journal_sync: str, limits: tuple[str, ...], peer_tls: bool,
-          metrics_listen: str | None) -> None:
+          metrics_listen: str | None, supervise: bool) -> None:
     """Run a node until SIGINT/SIGTERM.  --listen none: no plain listener (TLS only)."""
     from . import logs
     from .dr.service import DisasterRecovery, config_store
@@ -215,6 +218,14 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
     from .security.tls import TlsError, TlsSettings
 
     logs.configure(log_format, log_level)
+    from .lifecycle.supervisor import die_with_supervisor
+
+    die_with_supervisor()
+    if supervise:
+        from .lifecycle.supervisor import Supervisor
+
+        node_argv = [sys.executable, "-m", "hastandby", *(arg for arg in sys.argv[1:] if arg != "--supervise")]
+        sys.exit(Supervisor(node_argv, etcd).run())
     if etcd:
         ha_cluster = True
     if heartbeat is None:

@@ -13,7 +13,7 @@ import pytest
 
 from tests.support import auth
 from tests.support.etcd import EtcdServer
-from tests.support.etcd_ha import EtcdHa
+from tests.support.etcd_ha import TTL, EtcdHa
 from tests.support.nodes import NodeProcess
 
 if TYPE_CHECKING:
@@ -75,8 +75,8 @@ def ha(etcd, tmp_path) -> Iterator[Callable[[int], EtcdHa]]:
     """Start etcd clusters of real nodes; every node is stopped by PID, and its log printed, at teardown."""
     clusters: list[EtcdHa] = []
 
-    def start(size: int = 3, data: bool = False) -> EtcdHa:
-        cluster = EtcdHa(etcd, tmp_path, size, data)
+    def start(size: int = 3, data: bool = False, ttl: int = TTL, extra: tuple[str, ...] = ()) -> EtcdHa:
+        cluster = EtcdHa(etcd, tmp_path, size, data, ttl, extra)
         clusters.append(cluster)
         return cluster.start()
 

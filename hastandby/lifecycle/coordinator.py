@@ -228,6 +228,8 @@ class EtcdCoordinator:
     ``lease_margin``: how long before the earliest possible server-side
     expiry a primary must already have stepped down; it must cover the
     node loop's reaction, excluding clients, and clock-rate differences.
+    ``on_lease``: told the id of every lease granted, from the thread that
+    took it (``supervisor.py``: the parent of ``serve --supervise``).
     """
 
     def __init__(
@@ -242,6 +244,7 @@ class EtcdCoordinator:
         lease_margin: float = 1.5,
         request_timeout: float = 1.0,
         fence: Fence | None = None,
+        on_lease: Callable[[int], None] | None = None,
     ) -> None:
         if lease_ttl < MIN_LEASE_TTL:
             raise ValueError(f"lease_ttl must be at least {MIN_LEASE_TTL} s")
@@ -273,6 +276,7 @@ class EtcdCoordinator:
         self._watch_endpoint = -1  # index of the endpoint the watch stream is on
         self._watch_established = threading.Event()
         self._log = log.bind(cluster=cluster, node=node_id)
+        self._on_lease = on_lease  # told each lease granted (the supervisor revokes it if this process dies)
 
     # -- lease ---------------------------------------------------------------
 
@@ -321,6 +325,8 @@ class EtcdCoordinator:
             self._lease = lease
             self.fence.until = sent + lease.ttl - self._margin
         self._log.info("lease granted", lease=lease.id, ttl=lease.ttl)
+        if self._on_lease is not None:
+            self._on_lease(lease.id)
         self._start_thread("_keepalive_thread", self._keepalive_loop, "keepalive")
         self._lease_changed.set()
         return lease

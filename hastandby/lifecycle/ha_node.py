@@ -41,6 +41,7 @@ from hastandby.node import Node, split_hostport
 from .cluster import Leader, Store
 from .coordinator import CoordinatorError, CoordinatorEvent, EtcdCoordinator, EtcdSettings
 from .election import ElectionLoop
+from .supervisor import lease_reporter
 from .states import (
     Action,
     Event,
@@ -148,6 +149,7 @@ class HaNode:
         coordinator = EtcdCoordinator(
             config.etcd or "", config.cluster, self.node.node_id, self.url, notify,
             lease_ttl=config.lease_ttl, lease_margin=config.lease_margin, fence=self.node.handler.fence,
+            on_lease=lease_reporter(),
         )
         loop = ElectionLoop(self, coordinator)
         return loop

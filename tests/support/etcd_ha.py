@@ -26,9 +26,12 @@ POLL = 0.02  # seconds between status polls while timing a failover
 class EtcdHa:
     """``size`` nodes of one etcd cluster (``--node-id n0 ... nN``); stopped by PID in ``stop()``."""
 
-    def __init__(self, etcd: EtcdServer, log_dir: Path, size: int, data: bool = False) -> None:
+    def __init__(self, etcd: EtcdServer, log_dir: Path, size: int, data: bool = False, ttl: int = TTL,
+                 extra: tuple[str, ...] = ()) -> None:
         self.etcd = etcd
         self.data = data  # each node keeps a --data-dir (journal) under log_dir
+        self.ttl = ttl
+        self.extra = extra  # more serve options for every node
         self.log_dir = Path(log_dir)
         self.name = f"t{uuid.uuid4().hex[:8]}"
         self.ids = [f"n{i}" for i in range(size)]
@@ -40,8 +43,8 @@ class EtcdHa:
     def _make(self, index: int) -> NodeProcess:
         data = ("--data-dir", str(self.data_dir(index))) if self.data else ()
         return NodeProcess(self.log_dir, "--etcd", self.etcd.client_url, "--cluster", self.name,
-                           "--node-id", self.ids[index], "--lease-ttl", str(TTL),
-                           "--brokers-url", self.brokers_url, *data,
+                           "--node-id", self.ids[index], "--lease-ttl", str(self.ttl),
+                           "--brokers-url", self.brokers_url, *data, *self.extra,
                            port=self.ports[index], name=self.ids[index])
 
     def data_dir(self, index: int) -> Path:

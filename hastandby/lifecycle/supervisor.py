@@ -1,0 +1,177 @@
+"""``hastandby serve --supervise``: a parent that frees its node's etcd lease the moment the node dies.
+
+Most crashes are process crashes on a live host.  Without a supervisor the
+cluster learns of one only when the dead node's lease expires (the TTL,
+2 s by default, plus etcd's rounding), and that wait is most of a failover.
+The host itself knows at once: the supervisor runs the node as its child
+(the same ``serve`` command without ``--supervise``) and hands it the write
+end of a pipe (``SUPERVISOR_FD``); the node's coordinator writes there the id
+of each lease etcd grants it.  When the child exits, for any reason, the
+supervisor revokes the last lease it was told of: the node's member key and,
+if it led, the leader key go with it, and a ready backup is elected at once.
+Then it starts the node again, which rejoins as a backup (its journal gives
+it back what it held), after a back-off that doubles while the node keeps
+dying early.
+
+Why this is safe: the lease is revoked only after the child has exited, so
+no process that could still acknowledge a message holds it.  A frozen child
+(SIGSTOP, a stalled VM) has not exited and is left alone; its lease expires
+and the fence stops it, as without a supervisor.  A host crash takes both
+processes: the lease then expires after its TTL, as before.
+
+SIGTERM, SIGINT and SIGHUP are passed to the node; after a stop it asked for
+(or a node that exited 0: someone stopped it on purpose) the supervisor
+exits with the node's code instead of starting it again.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import threading
+import time
+from typing import Callable
+
+import grpc
+import structlog
+
+from .etcd_client import EtcdClient, EtcdError, EtcdSettings
+
+log = structlog.get_logger("hastandby.supervisor")
+
+SUPERVISOR_FD = "HASTANDBY_SUPERVISOR_FD"
+SUPERVISOR_PID = "HASTANDBY_SUPERVISOR_PID"
+FIRST_DELAY = 0.5  # seconds before the first restart of a node that died
+MAX_DELAY = 30.0  # the back-off doubles up to this while the node keeps dying early
+STABLE_AFTER = 60.0  # a node that ran this long starts again after FIRST_DELAY
+REVOKE_TIMEOUT = 2.0  # seconds a revocation may take, every etcd endpoint tried
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_supervisor() -> None:
+    """In the node, at start: if a supervisor started it, die with the supervisor (Linux ``PR_SET_PDEATHSIG``).
+
+    A supervisor killed outright (SIGKILL, the OOM killer) would otherwise
+    leave its node running unsupervised, and a later supervisor would start
+    a second one on the same data dir.  Dying together is what a host crash
+    does, and the node's lease then expires after its TTL.
+    """
+    if SUPERVISOR_FD not in os.environ:
+        return
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        log.warning("cannot tie the node's life to its supervisor's (no prctl)")
+        return
+    if os.getppid() != int(os.environ.get(SUPERVISOR_PID, "0")):  # the supervisor died before the call
+        os._exit(1)
+
+
+def lease_reporter() -> Callable[[int], None] | None:
+    """In the node: what tells the supervisor each lease it takes, or None when no supervisor started it."""
+    value = os.environ.pop(SUPERVISOR_FD, None)
+    if value is None:
+        return None
+    fd = int(value)
+    os.set_blocking(fd, False)
+
+    def tell(lease_id: int) -> None:
+        try:
+            os.write(fd, b"lease %d\n" % lease_id)
+        except OSError as error:  # a full pipe or a gone supervisor: the lease then expires by itself
+            log.warning("cannot tell the supervisor the lease", lease=lease_id, error=str(error))
+    return tell
+
+
+def parse_leases(lines: bytes) -> int | None:
+    """The last lease id in what the node wrote (``lease <id>`` lines), or None."""
+    last = None
+    for line in lines.splitlines():
+        word, _, value = line.partition(b" ")
+        if word == b"lease" and value.strip().isdigit():
+            last = int(value)
+    return last
+
+
+def next_delay(delay: float, ran_for: float) -> float:
+    """The back-off before the next start, after a node that ran ``ran_for`` seconds and waited ``delay``."""
+    if ran_for >= STABLE_AFTER:
+        return FIRST_DELAY
+    return min(MAX_DELAY, max(FIRST_DELAY, delay * 2))
+
+
+class Supervisor:
+    """Runs ``argv`` (a node) until asked to stop; revokes its lease each time it dies, then starts it again."""
+
+    def __init__(self, argv: list[str], etcd: EtcdSettings | None,
+                 revoke: Callable[[int], None] | None = None) -> None:
+        self.argv = argv
+        self._revoke = revoke or (_etcd_revoker(etcd) if etcd is not None else None)
+        self._stopping = threading.Event()
+        self._child: subprocess.Popen[bytes] | None = None
+
+    def run(self) -> int:
+        for signum in FORWARDED:
+            signal.signal(signum, self._on_signal)
+        delay = 0.0
+        while True:
+            started = time.monotonic()
+            returncode, lease = self._run_child()
+            if lease is not None and self._revoke is not None:
+                self._revoke_lease(lease)
+            if self._stopping.is_set() or returncode == 0:
+                log.info("node stopped; supervisor exits", returncode=returncode)
+                return returncode
+            delay = next_delay(delay, time.monotonic() - started) if delay else FIRST_DELAY
+            log.warning("node died; starting it again", returncode=returncode, lease=lease, delay=delay)
+            if self._stopping.wait(delay):
+                return returncode
+
+    def _run_child(self) -> tuple[int, int | None]:
+        """Start the node, read what it says of its leases until it exits; (its code, its last lease)."""
+        read_end, write_end = os.pipe()
+        try:
+            self._child = subprocess.Popen(self.argv, pass_fds=(write_end,),
+                                           env={**os.environ, SUPERVISOR_FD: str(write_end),
+                                                SUPERVISOR_PID: str(os.getpid())})
+        finally:
+            os.close(write_end)
+        log.info("node started", pid=self._child.pid)
+        said = bytearray()
+        with os.fdopen(read_end, "rb", buffering=0) as reader:
+            while chunk := reader.read(4096):  # end of file: every copy of the write end is closed
+                said += chunk
+        returncode = self._child.wait()
+        return returncode, parse_leases(bytes(said))
+
+    def _revoke_lease(self, lease: int) -> None:
+        assert self._revoke is not None
+        try:
+            self._revoke(lease)
+        except EtcdError as error:
+            if error.code is grpc.StatusCode.NOT_FOUND:  # a graceful stop revoked it, or it expired
+                log.info("dead node's lease already gone", lease=lease)
+            else:  # etcd unreachable: the lease expires after its TTL instead
+                log.warning("cannot revoke the dead node's lease; it expires by itself", lease=lease,
+                            error=str(error))
+            return
+        log.info("dead node's lease revoked", lease=lease)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self._stopping.set()
+        child = self._child
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)
+
+
+def _etcd_revoker(settings: EtcdSettings) -> Callable[[int], None]:
+    def revoke(lease: int) -> None:
+        client = EtcdClient(settings, REVOKE_TIMEOUT)
+        try:
+            client.revoke(lease)
+        finally:
+            client.close()
+    return revoke
