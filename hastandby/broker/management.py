@@ -27,7 +27,7 @@ from hashlib import blake2b
 from typing import Any, Callable
 
 import structlog
-from proton import Condition, Connection, Delivery, Link, Message
+from proton import Condition, Connection, Delivery, Link, Message, MessageException
 
 from hastandby.security.credentials import Credentials
 
@@ -314,7 +314,15 @@ class ManagementLink:
         node = registry.lookup(message.address or "")
         if node is None:
             return
-        data = bytes(message.encode())
+        try:
+            data = bytes(message.encode())
+        except (OverflowError, TypeError, ValueError, MessageException) as error:
+            # A value the node holds that AMQP cannot carry (a bug): the requester still gets an answer.
+            log.warning("management reply not encodable", error=f"{type(error).__name__}: {error}")
+            message.body = None
+            message.properties = {"statusCode": 500,
+                                  "statusDescription": f"internal error: the reply could not be encoded: {error}"}
+            data = bytes(message.encode())
         registry.deliver(registry.route(node, data), data)
 
     def flow(self) -> None:
