@@ -262,7 +262,8 @@ class ManagementKind(Kind):
             data = bytes(message.encode())
         except Exception as error:  # noqa: BLE001 - proton cannot encode it (e.g. a message-id of a type it refuses)
             record.note(f"unencodable ({type(error).__name__}): sent a minimal request instead")
-            data = bytes(Message(properties={"operation": "PING"}, body={}, reply_to=reply_to).encode())
+            properties = {"operation": "PING"}
+            data = bytes(Message(properties=properties, body={}, reply_to=reply_to).encode())
         if rng.random() < 0.15:
             data, byte_notes = mutate.mutate_bytes(rng, data)
             record.note("request bytes: " + "; ".join(byte_notes))
