@@ -131,7 +131,7 @@ class Node:
         self.shutdown_refusal = Refusal(Condition("amqp:connection:forced", "node shutting down"))
         self.blocking = BlockingCalls(self.call_soon_threadsafe)  # etcd and peers, off the reactor thread
         self.on_start: list[Callable[[], None]] = []
-        self.on_stop: list[Callable[[], None]] = []
+        self.on_stop: list[Callable[[], object]] = []
         self._listeners: list[Any] = []
         self._stopping = False
         self.journal: Journal | None = None
@@ -158,7 +158,7 @@ class Node:
 
     # -- reactor-thread services ---------------------------------------------------
 
-    def schedule(self, delay: float, fn: Callable[[], None]) -> Any:
+    def schedule(self, delay: float, fn: Callable[[], object]) -> Any:
         """Run ``fn`` on the driver's thread after ``delay`` seconds."""
         return self.driver.schedule(delay, fn)
 

@@ -69,7 +69,7 @@ class Timer:
 
     __slots__ = ("deadline", "seq", "fn")
 
-    def __init__(self, deadline: float, seq: int, fn: Callable[[], None] | None) -> None:
+    def __init__(self, deadline: float, seq: int, fn: Callable[[], object] | None) -> None:
         self.deadline = deadline
         self.seq = seq
         self.fn = fn
@@ -481,7 +481,7 @@ class Driver:
 
     # -- time and other threads -----------------------------------------------------
 
-    def schedule(self, delay: float, fn: Callable[[], None]) -> Timer:
+    def schedule(self, delay: float, fn: Callable[[], object]) -> Timer:
         timer = Timer(time.monotonic() + delay, next(self._seq), fn)
         heapq.heappush(self._timers, timer)
         return timer

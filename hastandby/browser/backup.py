@@ -169,7 +169,7 @@ class BackupReplication:
         if link is None or not link.state & Endpoint.LOCAL_ACTIVE:
             return
         self._status_seq += 1
-        delivery = link.delivery(b"s%d" % self._status_seq)
+        delivery = link.delivery(f"s{self._status_seq}")
         link.send(encode_control({"memory_alarm": self.memory.local}))
         link.advance()
         delivery.settle()
@@ -183,6 +183,8 @@ class BackupReplication:
 
     def on_link_remote_close(self, event: Event) -> None:
         link = event.link
+        if link is None:
+            return
         condition = link.remote_condition
         if condition is not None:
             log.warning("replication link refused", link=link.name,
@@ -196,6 +198,8 @@ class BackupReplication:
     def on_link_remote_open(self, event: Event) -> None:
         """A replicating browser's attach reply carries the primary's lineage: adopt it before any message."""
         link = event.link
+        if link is None:
+            return
         try:
             reply = link_properties(lambda: link.remote_properties, "attach properties")
         except ProtocolError as error:

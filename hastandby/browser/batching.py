@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import deque
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 from cproton import lib
 from proton import Link
@@ -105,14 +105,15 @@ class BatchingLink(OutgoingLink):
             except TypeError:  # len(None): no separate scan for holes on the hot path
                 self.deliver_each(queue, ids[start:], payloads[start:])
                 return
+            whole = cast("list[bytes]", chunk)  # no hole in it: len() found none
             if self._batch_bytes + size >= BATCH_BYTES:  # large messages: let deliver cut the batch
-                for msg_id, payload in zip(ids[start:stop], chunk):
+                for msg_id, payload in zip(ids[start:stop], whole):
                     self.deliver(queue, msg_id, payload, 0)
             else:
                 self.batch_ids.extend(ids[start:stop])
-                self._batch_data.extend(chunk)
+                self._batch_data.extend(whole)
                 self._batch_bytes += size
-                self.credit -= len(chunk)
+                self.credit -= len(whole)
                 if len(self.batch_ids) >= BATCH_MESSAGES:
                     self.send_batch()
             start = stop

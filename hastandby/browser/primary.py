@@ -449,8 +449,8 @@ class PrimaryReplication:
         term = request.term
         if term > self.term:
             raise InvalidArgument(f"backup follows term {term}, this primary has the older term {self.term}")
-        name = link.remote_source.address
-        queue = self.registry.queues.get(name or "")
+        name = link.remote_source.address or ""
+        queue = self.registry.queues.get(name)
         if queue is None:
             raise NotFound(f"no such queue: {name!r}")
         if queue.settings.replicate != "all":
@@ -461,7 +461,8 @@ class PrimaryReplication:
             old.close()  # its guard is the backup's, and holds on for the new browser
         # The backup drops its copy from this point on when it reads our lineage.
         point = lineage.divergence(backup_lineage, queue.lineage)
-        link.properties = {LINEAGE_PROPERTY: lineage.to_wire(queue.lineage)}
+        reply: dict[Any, Any] = {LINEAGE_PROPERTY: lineage.to_wire(queue.lineage)}
+        link.properties = reply
         replaced = len(backup_ids) - len(backup_ids.below(point))
         if replaced:
             log.info("backup holds messages of another lineage: they are replaced", backup=backup.node_id,

@@ -83,7 +83,7 @@ def encode_batch(ids: list[int], payloads: list[bytes]) -> bytes:
     return b"".join([_COUNT.pack(len(ids)), id_array.tobytes(), sizes.tobytes(), *payloads])
 
 
-def decode_batch(data: bytes) -> tuple[array, list[bytes]]:
+def decode_batch(data: bytes) -> tuple[array[int], list[bytes]]:
     """The ids and payloads of a batch; ``ValueError`` if it is not one."""
     if data is None:
         raise ProtocolError("batch", "an empty delivery", DECODE_ERROR)
@@ -169,7 +169,8 @@ def decode_control(data: bytes | None) -> dict[str, Any]:
     for key in body:
         if not isinstance(key, str):
             raise ProtocolError("control message", f"key {_short(key)} is not a string")
-    return plain(body)
+    control: dict[str, Any] = plain(body)
+    return control
 
 
 def receive_control(impl: Any) -> dict[str, Any] | None:
@@ -275,7 +276,8 @@ def link_properties(read: Any, field: str) -> dict[str, Any]:
         return {}
     if not isinstance(properties, dict):
         raise ProtocolError(field, f"not a map: {_short(properties)}")
-    return plain(properties)
+    found: dict[str, Any] = plain(properties)
+    return found
 
 
 def decode_browser_request(properties: dict[str, Any]) -> BrowserRequest:

@@ -77,12 +77,13 @@ class QueueReplicator:
         link.source.distribution_mode = Terminus.DIST_MODE_COPY
         link.target.address = self.queue.name
         self.offered = self.queue.lineage
-        link.properties = {
+        properties: dict[Any, Any] = {
             REPLICATE_PROPERTY: True,
             IDS_PROPERTY: IdSet.from_ids(self.queue.ids()).to_wire(),
             LINEAGE_PROPERTY: lineage.to_wire(self.offered),
             TERM_PROPERTY: term,
         }
+        link.properties = properties
         self.link = link
         self._impl = link._impl
         link.open()

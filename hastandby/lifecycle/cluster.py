@@ -196,7 +196,7 @@ def decode_member(node_id: str, value: bytes) -> Member:
     url, state, detail = _text(fields, "url", what), _text(fields, "state", what), fields.get("detail")
     store = Store(bool(fields.get("journal", False)), bool(fields.get("holds_data", False)))
     try:
-        return Member(node_id, url, State(state), Detail(detail) if detail else None, store)
+        return Member(node_id, url, State(state), Detail(str(detail)) if detail else None, store)
     except ValueError as error:
         raise ValueError(f"{what}: {error}") from error
 

@@ -47,13 +47,19 @@ LOOP_WAIT = 0.5  # seconds between cycles when nothing happens
 class ElectedNode(Protocol):
     """What the loop needs of the HA node (read from this thread, acted on via the reactor)."""
 
-    node_id: str
+    @property
+    def node_id(self) -> str: ...
+
     status: NodeStatus
     leader: Leader | None
-    #: On a primary, the sync set its replication wants (``cluster.py``); None otherwise.
-    sync_wanted: frozenset[str] | None
-    #: What the node says of its messages in its member key (``cluster.Store``).
-    store: Store
+    @property
+    def sync_wanted(self) -> frozenset[str] | None:
+        """On a primary, the sync set its replication wants (``cluster.py``); None otherwise."""
+        ...
+    @property
+    def store(self) -> Store:
+        """What the node says of its messages in its member key (``cluster.Store``)."""
+        ...
 
     def call_soon_threadsafe(self, fn: Callable[[], None]) -> None: ...
 
@@ -81,7 +87,7 @@ class ElectionLoop:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._pending = threading.Event()  # a role change is on its way to the reactor
-        self._requests: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._requests: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="hastandby-election", daemon=True)
 
     # -- called from any thread ------------------------------------------------------------
@@ -97,7 +103,7 @@ class ElectionLoop:
     def wake(self) -> None:
         self._wake.set()
 
-    def request(self, fn: Callable[[], None]) -> None:
+    def request(self, fn: Callable[[], object]) -> None:
         """Run ``fn`` (an etcd write) on the election thread before the next decision."""
         self._requests.put(fn)
         self._wake.set()

@@ -480,7 +480,7 @@ class HaNode:
         me = f"node {self.url} is {self.status.state}"
         if self.config.client_redirect and primary:
             host, port = split_hostport(primary)
-            info = {symbol("network-host"): host, symbol("port"): port, symbol("hostname"): host}
+            info: dict[Any, Any] = {symbol("network-host"): host, symbol("port"): port, symbol("hostname"): host}
             return Refusal(Condition("amqp:connection:redirect", f"{me}; the primary is {primary}", info))
         where = f"; the primary is {primary}" if primary else "; the primary is not known yet"
         condition = Condition("amqp:connection:forced", f"{me}, not the primary{where}")
