@@ -1,8 +1,10 @@
 """Replicating browsers: the per-queue message replication between primary and backups.
 
-Holds the pure building blocks so far: ``idset.IdSet`` (sets of replication
-ids as ranges, for catch-up and batched dequeues) and ``guard.QueueGuard``
-(holds a producer's acknowledgement until a backup has the message).  The
-primary-side replicating subscription and the backup-side replicator build on
-them.
+The primary serves each backup from ``primary.py`` (one
+``subscription.ReplicatingSubscription`` per queue, sending batches through
+``batching.BatchingLink``, and a ``guard.QueueGuard`` holding producers'
+acknowledgements until the backup has their messages); a backup follows its
+primary from ``backup.py`` (one ``replicator.QueueReplicator`` per queue).
+``protocol.py`` is what they say to each other.  docs/architecture.md shows
+the flows.
 """
