@@ -37,6 +37,7 @@ electable for when the primary dies.
 
 from __future__ import annotations
 
+import enum
 from typing import Any, Callable
 
 import structlog
@@ -165,6 +166,13 @@ class StatusReceiver:
         self.memory.set_remote(self.node_id, None)
 
 
+class BackupState(enum.Enum):
+    """Where one backup stands with this primary (reported by its ``value`` in status)."""
+
+    CATCHUP = "catchup"  # connected or expected, not yet holding every replicated queue
+    READY = "ready"  # holds every replicated queue: may be elected
+
+
 class RemoteBackup:
     """What the primary knows of one backup."""
 
@@ -172,7 +180,7 @@ class RemoteBackup:
         self.node_id = node_id
         self.url = url
         self.expected = expected
-        self.state = "catchup"
+        self.state = BackupState.CATCHUP
         self.connected = False
         self.wiring: WiringLink | None = None
         # One guard per replicated queue, for as long as this backup is known:
@@ -209,7 +217,7 @@ class RemoteBackup:
         # (ready): a new primary guarded every message for the backups it
         # expects, so nothing acknowledged is missing from them; any other
         # backup in catch-up may lack acknowledged messages.
-        return {"node_id": self.node_id, "url": self.url, "state": self.state, "connected": self.connected,
+        return {"node_id": self.node_id, "url": self.url, "state": self.state.value, "connected": self.connected,
                 "expected": self.expected}
 
 
@@ -309,7 +317,7 @@ class PrimaryReplication:
         Backups on their way out stay in it while fewer than ``min_sync`` nodes would remain.
         """
         wanted = frozenset({str(self.me["node_id"])}) | {
-            b.node_id for b in self.backups.values() if b.expected or b.state == "ready"}
+            b.node_id for b in self.backups.values() if b.expected or b.state is BackupState.READY}
         if len(wanted) < self.min_sync:
             wanted |= frozenset(self.leaving)
         if wanted != self.sync_wanted:
@@ -431,7 +439,7 @@ class PrimaryReplication:
                 transport.close_head()
             backup = self._backup({"node_id": backup.node_id, "url": backup.url})
         backup.connected = True
-        backup.state = "catchup"
+        backup.state = BackupState.CATCHUP
         backup.catchup = {q.name for q in self._replicated_queues()}
         wiring = WiringLink(link, self, backup)
         backup.wiring = wiring
@@ -480,9 +488,9 @@ class PrimaryReplication:
         self._check_ready(backup)
 
     def _check_ready(self, backup: RemoteBackup) -> None:
-        if backup.state == "ready" or not backup.connected or backup.catchup:
+        if backup.state is BackupState.READY or not backup.connected or backup.catchup:
             return
-        backup.state = "ready"
+        backup.state = BackupState.READY
         log.info("backup ready", backup=backup.node_id)
         earlier = self.leaving.pop(backup.node_id, None)
         if earlier is not None:  # its last connection's guards: this one has all they held now
@@ -506,7 +514,7 @@ class PrimaryReplication:
     def _check_expected(self) -> None:
         if not self.recovering:
             return
-        waiting = [b for b in self.backups.values() if b.expected and b.state != "ready"]
+        waiting = [b for b in self.backups.values() if b.expected and b.state is not BackupState.READY]
         if not waiting:
             self._finish_recovery(timed_out=False)
 
@@ -518,7 +526,7 @@ class PrimaryReplication:
                 log.warning("expected backup did not reconnect in time", backup=backup.node_id)
                 self._depart(backup)
         self._broadcast_members()
-        if self.recovering and not any(b.expected and b.state != "ready" for b in self.backups.values()):
+        if self.recovering and not any(b.expected and b.state is not BackupState.READY for b in self.backups.values()):
             self._finish_recovery(timed_out=True)
 
     def _finish_recovery(self, timed_out: bool) -> None:
