@@ -137,29 +137,7 @@ class Socket:
             self.close()
 
     def _read(self) -> None:
-        if self.pipe is not None:
-            self._read_through_pipe()
-            return
-        if self._inbound:  # the engine had no room last time: no more until it has
-            self._push_inbound()
-            if self._inbound:
-                return
-        try:
-            data = self.sock.recv(IO_CHUNK)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if data:
-            self._feed(data)
-        else:
-            lib.pn_transport_close_tail(self.t_impl)
-        self.driver.dirty.add(self)
-
-    def _read_through_pipe(self) -> None:
-        pipe = self.pipe
-        assert pipe is not None
-        if self._refusing is not None:
+        if self._refusing is not None:  # the handshake failed: nothing more is read
             return
         if self._inbound:  # the engine had no room last time: no more until it has
             self._push_inbound()
@@ -173,18 +151,24 @@ class Socket:
             data = b""
         if not data:
             lib.pn_transport_close_tail(self.t_impl)
-            self.driver.dirty.add(self)
+        elif self.pipe is None:
+            self._feed(data)
+        elif not self._feed_through_pipe(self.pipe, data):
             return
+        self.driver.dirty.add(self)
+
+    def _feed_through_pipe(self, pipe: Pipe, data: bytes) -> bool:
+        """TLS and SASL bytes in, AMQP bytes to the engine; False if the pipe refused them."""
         try:
             clear = pipe.receive(data)
         except PipeError as error:
             self.refuse(str(error))
-            return
+            return False
         if pipe.principal is not None and getattr(self.connection, "hs_principal", None) is None:
             self.connection.hs_principal = pipe.principal
             self._handshake_over()
         self._feed(clear)
-        self.driver.dirty.add(self)
+        return True
 
     def _feed(self, data: bytes) -> None:
         """Push ``data`` into the engine, a piece as big as its room at a time; keep what finds none."""
