@@ -54,6 +54,16 @@ HANDSHAKE_TIMEOUT = 10.0  # seconds a connection may take to authenticate
 IO_CHUNK = 256 * 1024  # most bytes moved per socket read or write
 
 
+def link_name(link: Any) -> str:
+    """A link's name for logs and checks, whatever bytes the peer sent as it.
+
+    proton decodes the name as UTF-8 on every ``link.name`` and raises on a
+    name that is not (fuzz: such an attach crashed the node from inside its
+    own containment, which logged the name).  Here bad bytes are replaced.
+    """
+    return ffi.string(lib.pn_link_name(link._impl)).decode("utf-8", "replace")
+
+
 def address_of(impl: Any) -> int:
     """The C address of a proton object, for logs.
 
@@ -380,7 +390,8 @@ class Driver:
         cannot be freed and its address given to another link meanwhile.
         """
         impl = link._impl
-        log.debug("register", link=link.name, address=hex(address_of(impl)), endpoint=type(endpoint).__name__)
+        log.debug("register", link=link_name(link), address=hex(address_of(impl)),
+                  endpoint=type(endpoint).__name__)
         self.endpoints[impl] = endpoint
         self._pinned[impl] = link
 
@@ -649,7 +660,7 @@ class Driver:
         condition = Condition("amqp:internal-error", f"{type(error).__name__}: {error}")
         link, connection = event.link, event.connection
         log.exception("event handler failed, closing its link or connection", proton_event=event.type.method,
-                      link=link.name if link is not None else None)
+                      link=link_name(link) if link is not None else None)
         if link is not None and link.state & Endpoint.LOCAL_ACTIVE:
             link.condition = condition
             link.close()

@@ -48,7 +48,7 @@ from hastandby.security.sasl import Principal
 
 from .authority import Authority, principal_of
 from .backlog import Backlog
-from .driver import Driver
+from .driver import Driver, link_name
 from .errors import BrokerError, InvalidArgument, ResourceLimitExceeded, ResourceLocked
 from .exchange import Exchange
 from .fence import Fence
@@ -169,7 +169,7 @@ class BrokerHandler(Handler):
         condition = Condition("amqp:internal-error", f"{type(error).__name__}: {error}")
         link = event.link
         if link is not None:
-            log.exception("link error, closing the link", link=link.name)
+            log.exception("link error, closing the link", link=link_name(link))
             self._drop_link(link)
             if link.state & Endpoint.LOCAL_ACTIVE:
                 link.condition = condition
@@ -323,6 +323,10 @@ class BrokerHandler(Handler):
             return  # attached in the same breath as an open we refused
         counted = link.connection.hs_counted
         try:
+            try:
+                link.name  # noqa: B018 - proton decodes it: a peer's bytes that are not UTF-8 raise
+            except UnicodeDecodeError:
+                raise InvalidArgument("the link's name is not UTF-8") from None
             self.limits.check("links per connection", counted[1], self.limits.links_per_connection)
             endpoint = self._attach(link)
         except BrokerError as error:
@@ -358,7 +362,7 @@ class BrokerHandler(Handler):
                 counted[1] -= 1
 
     def _refuse(self, link: Link, error: BrokerError) -> None:
-        log.info("link refused", link=link.name, error=error.condition, reason=str(error))
+        log.info("link refused", link=link_name(link), error=error.condition, reason=str(error))
         link.open()
         link.condition = Condition(error.condition, str(error))
         link.close()

@@ -108,6 +108,16 @@ def test_attach_with_an_address_that_is_not_utf8(standalone: FuzzNode) -> None:
     _assert_clean(standalone)
 
 
+def test_attach_with_a_link_name_that_is_not_utf8(standalone: FuzzNode) -> None:
+    """A link name with invalid UTF-8 (seed 2, frames case 1411): the node exited, because its
+    containment logged ``link.name``, which proton decodes and which raised again.  Now the attach is
+    refused (amqp:invalid-field) and names are read for logs with bad bytes replaced."""
+    attach = _invalid_utf8(amqp.attach("fz-name\x7f", 0, amqp.SENDER, "fz.q"), b"fz-name\x7f")
+    _after_login(standalone, [amqp.AMQP_HEADER + amqp.open_().encode() + amqp.begin().encode() + attach,
+                              amqp.Wait(amqp.DETACH), amqp.close().encode()])
+    _assert_clean(standalone)
+
+
 def test_management_reply_to_that_is_not_utf8(standalone: FuzzNode) -> None:
     """A management request whose reply-to is invalid UTF-8: today ``link endpoint failed`` with
     UnicodeDecodeError from management.py (``request.reply_to``), and the management link closed."""
