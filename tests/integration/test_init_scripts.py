@@ -213,6 +213,25 @@ def test_backup_start_status_stop_on_two_nodes(nodes):
         check(node.backup("status"), NOT_RUNNING)
 
 
+@pytest.mark.etcd
+def test_with_etcd_the_node_runs_under_its_supervisor(nodes, etcd):
+    """QPID_HA_ARGS with --etcd: the script starts ``serve --supervise``; the pidfile names the supervisor,
+    whose child is the node, and ``stop`` ends both."""
+    (a,) = nodes(1)
+    a.env["QPID_HA_ARGS"] += f" --etcd {etcd.client_url} --cluster init{a.port} --lease-ttl 2"
+    check(a.backup("start"), OK, "started")
+    supervisor = a.pid()
+    assert supervisor is not None
+    with open(f"/proc/{supervisor}/cmdline", "rb") as cmdline:
+        assert b"--supervise" in cmdline.read().split(b"\0")
+    node = a.status()["pid"]
+    assert node != supervisor
+    with open(f"/proc/{node}/stat") as stat:
+        assert int(stat.read().rsplit(")", 1)[1].split()[1]) == supervisor, "the node is the supervisor's child"
+    check(a.backup("stop", "--force"), OK, "stopped")  # with etcd and alone, it became the primary
+    assert wait_gone(supervisor, 1) and wait_gone(node, 1)
+
+
 def test_backup_start_and_stop_are_idempotent(nodes):
     (a,) = nodes(1)
     check(a.backup("stop"), OK, "not running")
