@@ -140,6 +140,8 @@ class Supervisor:
         finally:
             os.close(write_end)
         log.info("node started", pid=self._child.pid)
+        if self._stopping.is_set():  # a stop came while the node was being started: it gets one too
+            self._child.send_signal(signal.SIGTERM)
         said = bytearray()
         with os.fdopen(read_end, "rb", buffering=0) as reader:
             while chunk := reader.read(4096):  # end of file: every copy of the write end is closed
