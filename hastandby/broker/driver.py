@@ -59,9 +59,11 @@ def link_name(link: Any) -> str:
 
     proton decodes the name as UTF-8 on every ``link.name`` and raises on a
     name that is not (fuzz: such an attach crashed the node from inside its
-    own containment, which logged the name).  Here bad bytes are replaced.
+    own containment, which logged the name).  Here bad bytes are replaced,
+    and a link attached without a name (NULL) has the empty name.
     """
-    return ffi.string(lib.pn_link_name(link._impl)).decode("utf-8", "replace")
+    name = lib.pn_link_name(link._impl)
+    return ffi.string(name).decode("utf-8", "replace") if name != ffi.NULL else ""
 
 
 def address_of(impl: Any) -> int:
@@ -652,7 +654,12 @@ class Driver:
         try:
             method(event)
         except Exception as error:  # one peer's event must never stop the node
-            self._contain(event, error)
+            try:
+                self._contain(event, error)
+            except Exception:  # containment failed too (a bug): the connection goes, the node stays
+                log.exception("containment failed, closing the connection", proton_event=event.type.method)
+                if connection is not None and connection.state & Endpoint.LOCAL_ACTIVE:
+                    connection.close()
 
     @staticmethod
     def _contain(event: Event, error: Exception) -> None:

@@ -118,6 +118,16 @@ def test_attach_with_a_link_name_that_is_not_utf8(standalone: FuzzNode) -> None:
     _assert_clean(standalone)
 
 
+def test_attach_without_a_link_name(standalone: FuzzNode) -> None:
+    """An attach whose name is null (seed 3, frames cases 24, 935, 1786): the node exited, because
+    ``link_name`` read the name with ``ffi.string`` and the name was NULL, inside the containment too.
+    Now such a link has the empty name, and a containment that fails closes the connection only."""
+    attach = amqp.attach(None, 0, amqp.SENDER, "fz.q").encode()
+    _after_login(standalone, [amqp.AMQP_HEADER + amqp.open_().encode() + amqp.begin().encode() + attach,
+                              amqp.close().encode()])
+    _assert_clean(standalone)
+
+
 def test_management_reply_to_that_is_not_utf8(standalone: FuzzNode) -> None:
     """A management request whose reply-to is invalid UTF-8: today ``link endpoint failed`` with
     UnicodeDecodeError from management.py (``request.reply_to``), and the management link closed."""
