@@ -293,8 +293,11 @@ class Replication(Kind):
 
 
 def _encodable(value: Any) -> bool:
-    from proton import Data
+    """Whether proton can send ``value`` as link properties (it makes their string keys symbols: ASCII)."""
+    from proton import Data, symbol
 
+    if isinstance(value, dict):
+        value = {symbol(k) if isinstance(k, str) else k: v for k, v in value.items()}
     try:
         data = Data()
         data.put_object(value)
