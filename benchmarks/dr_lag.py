@@ -46,6 +46,7 @@ from proton.handlers import MessagingHandler
 from proton.reactor import AtMostOnce, Container, Copy
 
 from hastandby.client import ManagementClient, ManagementError
+from spark_analysis.phases import nearest_rank
 
 from . import _auth, cexamples
 from ._proc import Service, free_port, python_env
@@ -231,8 +232,8 @@ def _lag(source_port: int, replica_port: int, queue: str, mode: str, rate: float
         "messages": len(lags),
         "target_rate": round(rate),
         "achieved_rate": round(len(lags) / elapsed),
-        "lag_ms_p50": round(lags[len(lags) // 2], 2),
-        "lag_ms_p99": round(lags[int(len(lags) * 0.99) - 1], 2),
+        "lag_ms_p50": round(nearest_rank(lags, 50), 2),
+        "lag_ms_p99": round(nearest_rank(lags, 99), 2),
         "lag_ms_max": round(lags[-1], 2),
     }
 

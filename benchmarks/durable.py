@@ -79,6 +79,8 @@ import psutil
 from proton import Message
 from proton.reactor import Container
 
+from spark_analysis.phases import nearest_rank
+
 from . import _auth, cexamples
 from ._proc import LOOPBACK, Service, free_port, python_env
 from .ha_throughput import _LatencySender, _request, _wait_answering, _wait_state
@@ -86,7 +88,6 @@ from .security import (
     fmt,
     interrupt_on_sigterm,
     median_or_none,
-    percentile,
     ratio,
     worktree,
     write_report,
@@ -473,9 +474,8 @@ def ack_latency(port: int, address: str, count: int, durable: bool, body_size: i
     if len(sender.latencies) < count:
         raise RuntimeError(f"only {len(sender.latencies)} of {count} latency messages were accepted"
                            + (f" within {timeout:.0f} s" if sender.timed_out else ""))
-    ordered = sorted(sender.latencies)
-    return {"p50_ms": percentile(ordered, 0.5) * 1e3, "p99_ms": percentile(ordered, 0.99) * 1e3,
-            "max_ms": ordered[-1] * 1e3}
+    return {"p50_ms": nearest_rank(sender.latencies, 50) * 1e3, "p99_ms": nearest_rank(sender.latencies, 99) * 1e3,
+            "max_ms": max(sender.latencies) * 1e3}
 
 
 def _send(port: int, address: str, count: int, body_size: int, env: dict[str, str]) -> float:

@@ -55,7 +55,9 @@ from typing import Any
 
 from hastandby.client import Login, ManagementClient, ManagementError
 from hastandby.lifecycle.cluster import ClusterKeys
+from spark_analysis import phases as ph
 from spark_analysis import trace_schema as ts
+from spark_analysis.phases import nearest_rank
 
 from . import _auth
 from ._proc import LOOPBACK, Service, free_port, python_env
@@ -829,17 +831,7 @@ class RoundRunner:
                 line = min(caught, key=lambda x: x[ts.T], default=None)
             ready.append(rel(line))
         milestones["surviving_backups_ready"] = (max(ready) if ready and None not in ready else None)
-        # The dashboards' sequential phases (spark_analysis/phases.py), same definitions.
-        chain = ["leader_key_gone", "election_won", "promoted", "client_reconnected", "first_accepted_after_fault"]
-        phases: dict[str, float | None] = {}
-        previous: float | None = 0.0
-        for name, key in zip(("detection", "election", "promotion", "reconnect", "first_send"), chain):
-            value = milestones[key]
-            phases[name] = None if value is None or previous is None else round(value - previous, 6)
-            previous = value
-        # Not sequential (as in the dashboards): promoted -> first backup re-attached after the fault.
-        reattach, promoted = milestones["backup_reattached"], milestones["promoted"]
-        phases["reattach"] = None if reattach is None or promoted is None else round(reattach - promoted, 6)
+        phases = ph.durations(milestones)
         gap = None
         if producer is not None and t_fault is not None and producer["acks"]:
             times = [t for t, _, _ in producer["acks"]]
@@ -876,14 +868,6 @@ class RoundRunner:
 
 
 # -- reporting -----------------------------------------------------------------------------------
-
-
-def nearest_rank(values: list[float], percent: int) -> float | None:
-    """The dashboards' percentile: the value at 1-based rank ceil(p*n/100) of the sorted values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[(percent * len(ordered) + 99) // 100 - 1]
 
 
 def _fmt(value: float | None, unit: str = "", digits: int = 2) -> str:
@@ -937,7 +921,7 @@ def summarize(results: list[dict[str, Any]], settings: Settings) -> dict[str, An
             "largest_ack_gap_s_p50": nearest_rank([r["largest_ack_gap_s"] for r in mine
                                                    if r["largest_ack_gap_s"] is not None], 50),
             "phases_s_p50": {name: nearest_rank([r["phases_s"][name] for r in mine if r["phases_s"][name] is not None], 50)
-                             for name in ("detection", "election", "promotion", "reconnect", "first_send", "reattach")},
+                             for name in map(ph.phase_name, ph.PHASES)},
             "lost_acknowledged": sum(t[ts.LOST_ACKNOWLEDGED] for t in tallies),
             "rounds_losing_acknowledged": sum(1 for t in tallies if t[ts.LOST_ACKNOWLEDGED]),
             "duplicated_total": sum(t[ts.DUPLICATED] for t in tallies),
@@ -985,13 +969,13 @@ def print_summary(summary: dict[str, Any], settings: Settings) -> None:
     print(header)
     for fault, row in summary.items():
         u = row["unavailability_s"]
-        ph = row["phases_s_p50"]
+        p50 = row["phases_s_p50"]
         print(f"{fault:<8}{row['faulted']:>8}{row['recovered']:>6}{_fmt(u['p50'], ' s'):>12}{_fmt(u['p90']):>7}"
               f"{_fmt(u['max']):>7}{_fmt(row['largest_ack_gap_s_p50'], ' s'):>12}{row['lost_acknowledged']:>11}"
               f"{row['duplicated_total']:>10}{_fmt(row['duplicated_p50'], digits=0):>8}"
               f"{_fmt(row['surviving_backups_ready_s']['p50']):>9}{_fmt(row['surviving_backups_ready_s']['max']):>7}  "
-              f"{_fmt(ph['detection'])}/{_fmt(ph['election'], digits=3)}/{_fmt(ph['promotion'], digits=3)}/"
-              f"{_fmt(ph['reconnect'])}/{_fmt(ph['first_send'])}  reattach {_fmt(ph['reattach'])}")
+              f"{_fmt(p50['detection'])}/{_fmt(p50['election'], digits=3)}/{_fmt(p50['promotion'], digits=3)}/"
+              f"{_fmt(p50['reconnect'])}/{_fmt(p50['first_send'])}  reattach {_fmt(p50['reattach'])}")
     for fault, row in summary.items():
         if row["failed_before_fault"]:
             print(f"{fault}: {row['failed_before_fault']} of {row['rounds']} rounds failed before the fault "

@@ -55,6 +55,7 @@ from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
 from hastandby.client import Login, ManagementClient, ManagementError
+from spark_analysis.phases import nearest_rank
 
 from . import _auth, cexamples
 from ._proc import Service, free_port, python_env
@@ -262,8 +263,8 @@ def ack_latency(port: int, queue: str, count: int, connect_options: dict[str, An
         why = f" (stopped after {timeout:.0f} s)" if sender.timed_out else ""
         raise RuntimeError(f"only {len(ordered)} of {count} latency messages were accepted{why}")
     return {
-        "p50_ms": ordered[len(ordered) // 2] * 1e3,
-        "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e3,
+        "p50_ms": nearest_rank(ordered, 50) * 1e3,
+        "p99_ms": nearest_rank(ordered, 99) * 1e3,
         "max_ms": ordered[-1] * 1e3,
     }
 

@@ -76,6 +76,7 @@ from typing import Any
 
 from hastandby.broker.memory import LOW_FRACTION, parse_watermark
 from hastandby.client import ManagementClient, ManagementError
+from spark_analysis.phases import nearest_rank
 
 from . import _auth, cexamples
 from ._proc import Service, free_port, python_env
@@ -487,7 +488,7 @@ def watermark_part(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         recovered = result.get("recovered_after_catch_up_s")
         result["recovery_within_goal"] = recovered is not None and recovered <= RECOVERY_GOAL_S
     t0 = samples[0]["t"] if samples else 0.0
-    result["query_ms_p50"] = median_or_none([s["request_ms"] for s in samples])
+    result["query_ms_p50"] = nearest_rank([s["request_ms"] for s in samples], 50)
     result["timeline"] = [{**s, "t": round(s["t"] - t0, 3)} for s in samples]
     result["rss_timeline"] = [(round(t - t0, 3), v) for t, v in rss_samples]
     result["t0_epoch"] = t0

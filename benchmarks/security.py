@@ -98,6 +98,7 @@ from hastandby.security.credentials import Credentials
 from hastandby.security.pipe import ClientPipe, PipeError
 from hastandby.security.sasl import SaslClient, SaslError
 from hastandby.security.tls import TlsLayer
+from spark_analysis.phases import nearest_rank
 
 from . import _auth, cexamples
 from ._certs import SERVER_NAME, SUBJECT, Certificates, make_certificates
@@ -150,11 +151,6 @@ def interrupt_on_sigterm() -> Callable[[], None]:
 
     previous = signal.signal(signal.SIGTERM, _interrupt)
     return lambda: signal.signal(signal.SIGTERM, previous)
-
-
-def percentile(ordered: list[float], fraction: float) -> float:
-    """The value at ``fraction`` of a sorted list (nearest rank below), as ha_throughput takes p50/p99."""
-    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
 
 
 def median_or_none(values: list[float]) -> float | None:
@@ -697,7 +693,7 @@ def setup_round(nodes: SetupNodes, round_no: int, rounds: int, count: int) -> li
         head = f"round {round_no}/{rounds}  setup {case.name:<20}"
         if result["ok"]:
             ordered = sorted(result["open_ms"])
-            print(f"{head} open p50 {percentile(ordered, 0.5):7.2f} ms  p99 {percentile(ordered, 0.99):7.2f} ms  "
+            print(f"{head} open p50 {nearest_rank(ordered, 50):7.2f} ms  p99 {nearest_rank(ordered, 99):7.2f} ms  "
                   f"node cpu {result['node_cpu_ms_per_connection']:.2f} ms/connection", flush=True)
         else:
             print(f"{head} *** FAILED *** {result['error']}", flush=True)
@@ -716,10 +712,10 @@ def summarize_setup(results: list[dict[str, Any]]) -> dict[str, Any]:
             "client": case.client, "mechanism": case.mechanism, "tls": case.tls,
             "node": "anonymous allowed" if case.anonymous_node else "authentication required",
             "connections": len(opens),
-            "open_p50_ms": percentile(opens, 0.5) if opens else None,
-            "open_p99_ms": percentile(opens, 0.99) if opens else None,
+            "open_p50_ms": nearest_rank(opens, 50),
+            "open_p99_ms": nearest_rank(opens, 99),
             "open_max_ms": opens[-1] if opens else None,
-            "cycle_p50_ms": percentile(cycles, 0.5) if cycles else None,
+            "cycle_p50_ms": nearest_rank(cycles, 50),
             "node_cpu_ms_per_connection": median_or_none([r["node_cpu_ms_per_connection"] for r in ok]),
             "ok_rounds": len(ok), "failed_rounds": len(mine) - len(ok),
         }

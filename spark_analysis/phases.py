@@ -9,6 +9,7 @@ total unavailability of the round, which is what the stacked chart shows.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from spark_analysis import trace_schema as ts
@@ -74,6 +75,39 @@ STEADY_RUN = 3
 
 PERCENTILES = (25, 50, 75, 90, 99)
 """Nearest-rank percentiles computed for every duration column."""
+
+
+def nearest_rank(values: Iterable[float], percent: int) -> float | None:
+    """The project's one percentile rule, for code without Spark (the benchmarks).
+
+    For n values sorted ascending, the value at 1-based rank ceil(p * n / 100),
+    computed in integers; ``aggregates.nearest_rank`` is the same rule on an array
+    column.  It is always an observed value, so tests can compare it exactly.
+    """
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    return ordered[(percent * len(ordered) + 99) // 100 - 1]
+
+
+def phase_name(phase: Phase) -> str:
+    """A phase's key where durations are not in ms: its column without the unit."""
+    return phase.column.removesuffix("_ms")
+
+
+def durations(milestones: Mapping[str, float | None]) -> dict[str, float | None]:
+    """Every phase of one round, from its milestones (times after the fault, any unit).
+
+    The Spark job computes the same phases in columns; the failover benchmark
+    reports them from this, so both come from the definitions above.  A phase
+    whose start or end the round never reached is None.
+    """
+    at = {FAULT: 0.0, **milestones}
+    out: dict[str, float | None] = {}
+    for phase in PHASES:
+        start, end = at.get(phase.start), at.get(phase.end)
+        out[phase_name(phase)] = None if start is None or end is None else round(end - start, 6)
+    return out
 
 CONFIG_COLUMNS = (ts.FAULT, ts.LEASE_TTL_S, ts.NODES, ts.LOAD_MSG_S)
 """The dimensions rounds are grouped by in the aggregates."""

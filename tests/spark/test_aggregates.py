@@ -90,3 +90,4 @@ def test_nearest_rank_definition(spark, values, expected):
         ag.nearest_rank(F.array_sort("v"), p).alias(str(p)) for p in expected
     ]).first()
     assert {p: row[str(p)] for p in expected} == expected
+    assert {p: ph.nearest_rank(values, p) for p in expected} == expected, "the benchmarks' rule differs"
