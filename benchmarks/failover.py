@@ -45,8 +45,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -58,6 +56,7 @@ from hastandby.lifecycle.cluster import ClusterKeys
 from spark_analysis import phases as ph
 from spark_analysis import trace_schema as ts
 from spark_analysis.phases import nearest_rank
+from tests.support.etcd import EtcdServer
 
 from . import _auth
 from ._proc import LOOPBACK, Service, free_port, python_env
@@ -97,14 +96,6 @@ PORT_RETRIES = 2  # a round whose node lost its "free" port before the fault is 
 MIN_LEASE_TTL = 2  # etcd raises shorter TTLs to about 1.5 x its election timeout (docs/lifecycle.md)
 
 
-def _etcd_binary() -> str:
-    candidate = os.environ.get("HASTANDBY_ETCD") or shutil.which("etcd") or "/usr/bin/etcd"
-    if not (os.path.isfile(candidate) and os.access(candidate, os.X_OK)):
-        raise RuntimeError(f"no etcd binary at {candidate} (Debian: apt-get install etcd-server, "
-                           "or set HASTANDBY_ETCD)")
-    return candidate
-
-
 def _wait_until(predicate: Callable[[], bool], timeout: float, tick: Callable[[], None] = lambda: None) -> bool:
     """Poll ``predicate`` every WAIT_STEP until true or ``timeout``; ``tick`` runs every step."""
     deadline = time.monotonic() + timeout
@@ -115,49 +106,6 @@ def _wait_until(predicate: Callable[[], bool], timeout: float, tick: Callable[[]
         if time.monotonic() >= deadline:
             return False
         time.sleep(WAIT_STEP)
-
-
-# -- etcd --------------------------------------------------------------------------------------
-
-
-class Etcd:
-    """One single-member etcd on free loopback ports with a fresh data directory; stopped by PID."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.service: Service | None = None
-        self.url = ""
-
-    def start(self) -> str:
-        binary = _etcd_binary()
-        for attempt in range(3):  # another process may take a "free" port first
-            client, peer = free_port(), free_port()
-            self.url = f"http://{LOOPBACK}:{client}"
-            peer_url = f"http://{LOOPBACK}:{peer}"
-            data = self.workdir / f"etcd-data-{attempt}"
-            self.service = Service("etcd", [
-                binary, "--name", "failover", "--data-dir", str(data),
-                "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
-                "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-                "--initial-cluster", f"failover={peer_url}", "--initial-cluster-state", "new",
-                "--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn",
-            ], self.workdir / "etcd.log")
-            if _wait_until(lambda: self._answers() or not self.service.running(), 20.0) and self._answers():
-                return self.url
-            self.stop()
-        raise RuntimeError(f"etcd did not start: {self.workdir / 'etcd.log'}")
-
-    def _answers(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=1) as response:
-                return b'"true"' in response.read()
-        except (urllib.error.URLError, OSError):
-            return False
-
-    def stop(self) -> None:
-        if self.service is not None:
-            self.service.stop(timeout=5)
-            self.service = None
 
 
 class ChildProcess:
@@ -409,7 +357,7 @@ class RoundRunner:
         self.logs = logs / self.round_id
         self.logs.mkdir(parents=True, exist_ok=True)
         self.node_ids = [f"n{i}" for i in range(1, settings.nodes + 1)]
-        self.etcd = Etcd(self.logs)
+        self.etcd = EtcdServer(name="failover")
         self.watch: ChildProcess | None = None
         self.nodes: list[NodeProc] = []
         self.producer: ChildProcess | None = None
@@ -587,6 +535,9 @@ class RoundRunner:
                 node.poller.stop()
         for node in sorted(self.nodes, key=lambda n: n in primaries):  # backups first: no elections
             _stop_node(node)
+        log = self.etcd.log_path
+        if log is not None and log.exists():  # its directory goes when it stops
+            shutil.copyfile(log, self.logs / "etcd.log")
         self.etcd.stop()
 
     # -- the trace ---------------------------------------------------------------------------
