@@ -26,6 +26,7 @@ from tests.support.clients import browse, receive, send
 from tests.support.cluster import HaCluster
 from tests.support.failover_client import NumberedReceiver, NumberedSender, drain
 from tests.support.nodes import REPO
+from tests.support.waiting import wait_for
 
 ACCEPTED = Delivery.ACCEPTED
 
@@ -62,18 +63,8 @@ def cli_status(cluster: HaCluster, index: int) -> str:
     return hastandby("status", "-b", cluster[index].address, timeout=10)
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> float:
-    """Poll ``predicate`` until true; return the seconds it took, or fail naming ``what``."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if predicate():
-            return time.monotonic() - start
-        time.sleep(interval)
-    raise AssertionError(f"not {what} after {timeout} s")
-
-
-def wait_detail(cluster: HaCluster, index: int, detail: str, timeout: float = 20.0) -> float:
-    return wait_for(lambda: cluster.status(index).get("detail") == detail, timeout,
+def wait_detail(cluster: HaCluster, index: int, detail: str, timeout: float = 20.0) -> None:
+    wait_for(lambda: cluster.status(index).get("detail") == detail, timeout,
                     f"node {index} primary ({detail})", interval=0.1)
 
 

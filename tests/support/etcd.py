@@ -31,7 +31,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -43,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
+
+from benchmarks._proc import free_port
 
 if TYPE_CHECKING:
     from hastandby.lifecycle.etcd_client import EtcdClient, EtcdSettings
@@ -78,15 +79,9 @@ def find_etcd_binary() -> str:
     return candidate
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def dead_endpoint(scheme: str = "https") -> str:
     """An endpoint nothing listens on (connections are refused)."""
-    return f"{scheme}://127.0.0.1:{_free_port()}"
+    return f"{scheme}://127.0.0.1:{free_port()}"
 
 
 @dataclass(frozen=True)
@@ -171,7 +166,7 @@ class EtcdServer:
         _running.add(self)
         last_error: EtcdUnavailable | None = None
         for _ in range(3):  # another process may grab a "free" port first
-            self._client_port, self._peer_port = _free_port(), _free_port()
+            self._client_port, self._peer_port = free_port(), free_port()
             try:
                 self._launch()
                 return self.client_url
@@ -354,7 +349,7 @@ class EtcdCluster:
         for _ in range(3):  # another process may grab a "free" port first
             for member in self.members:
                 member._workdir = Path(tempfile.mkdtemp(prefix="hastandby-etcd-"))
-                member._client_port, member._peer_port = _free_port(), _free_port()
+                member._client_port, member._peer_port = free_port(), free_port()
                 _running.add(member)
             initial = ",".join(f"{member.name}={member.peer_url}" for member in self.members)
             try:
