@@ -27,6 +27,7 @@ class Limits:
     management_request: int = 1 << 20  # bytes of one management request
     max_frame_size: int = 1 << 20  # bytes of one AMQP frame, both ways
     handshakes: int = 1_000  # sockets still in TLS/SASL at once (each is bounded in time too)
+    refusals_per_connection: int = 100  # refused sessions and links the peer has not ended or detached
 
     def check(self, what: str, count: int, limit: int) -> None:
         """Raise ResourceLimitExceeded if ``count`` more would pass ``limit`` (0: none)."""

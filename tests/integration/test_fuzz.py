@@ -128,6 +128,37 @@ def test_attach_without_a_link_name(standalone: FuzzNode) -> None:
     _assert_clean(standalone)
 
 
+@pytest.mark.parametrize("channels", ["one", "many"])
+def test_begins_past_the_session_limit_that_are_never_ended(standalone: FuzzNode, channels: str) -> None:
+    """3,000 begins on one connection, none ended after its refusal (seed 5, frames case 223): the node
+    refused and logged each, which took it 2 s and held every refused session until the peer ended it
+    (a "hang" of the fuzz check on a busy machine).  Now a connection whose peer leaves more than
+    ``refusals_per_connection`` (100) refusals open is closed with amqp:resource-limit-exceeded."""
+    begins = b"".join(amqp.begin(0 if channels == "one" else i % 65535).encode() for i in range(3000))
+    replies = _after_login(standalone, [amqp.AMQP_HEADER + amqp.open_().encode() + begins, amqp.Wait(amqp.CLOSE)])
+    close = [fields for code, fields in replies if code == amqp.CLOSE]
+    assert close and close[0][0].value[:2] == ["amqp:resource-limit-exceeded",
+                                               "refused sessions and links left open limit reached: 100"], close
+    findings = standalone.findings()
+    assert not [f for f in findings if f.verdict == "failure"], [f.excerpt(500) for f in findings][:3]
+    refused = [f for f in findings if "session refused" in f.excerpt(300)]
+    assert 0 < len(refused) <= 101, len(refused)
+    _assert_clean(standalone)
+
+
+def test_refused_attaches_that_are_never_detached(standalone: FuzzNode) -> None:
+    """The same for links: 3,000 attaches refused (an address that is not UTF-8), none detached."""
+    attaches = b"".join(_invalid_utf8(amqp.attach(f"fz-{i}", i, amqp.SENDER, "fz.q\x7f"), b"fz.q\x7f")
+                        for i in range(3000))
+    replies = _after_login(standalone, [amqp.AMQP_HEADER + amqp.open_().encode() + amqp.begin().encode() + attaches,
+                                        amqp.Wait(amqp.CLOSE)])
+    close = [fields for code, fields in replies if code == amqp.CLOSE]
+    assert close and close[0][0].value[:2] == ["amqp:resource-limit-exceeded",
+                                               "refused sessions and links left open limit reached: 100"], close
+    assert len([code for code, _ in replies if code == amqp.DETACH]) <= 101
+    _assert_clean(standalone)
+
+
 def test_management_reply_to_that_is_not_utf8(standalone: FuzzNode) -> None:
     """A management request whose reply-to is invalid UTF-8: today ``link endpoint failed`` with
     UnicodeDecodeError from management.py (``request.reply_to``), and the management link closed."""
