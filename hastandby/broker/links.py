@@ -49,8 +49,9 @@ _unpack = ffi.unpack
 
 
 def delivery_tag(delivery: Any) -> bytes:
+    """The delivery's tag; a peer may send an empty one, which proton gives as NULL."""
     tag = _pn_delivery_tag(delivery)
-    return _unpack(tag.start, tag.size)
+    return _unpack(tag.start, tag.size) if tag.size else b""
 
 
 def send_payload(link: Any, tag: bytes, data: bytes) -> Any:

@@ -446,6 +446,13 @@ def test_empty_batch_to_a_dr_replica(replica: DrReplica) -> None:
     _assert_clean(replica.node)
 
 
+def test_empty_delivery_tag_to_a_dr_replica(replica: DrReplica) -> None:
+    """A DR source's delivery with an empty tag (seed 5, dr-replica case 98): proton gives the tag as
+    NULL and ``delivery_tag`` unpacked it: RuntimeError in broker/links.py, ``link endpoint failed``."""
+    _to_replica(replica, [(b"", encode_batch([1], [bytes(Message(body="fz").encode())]))])
+    _assert_clean(replica.node)
+
+
 def test_enqueue_replica_batch_with_a_huge_id(replica: DrReplica) -> None:
     """As for a backup: a source's batch id 2**64 - 1 leaves the replica queue's ``next_id`` at 2**64
     and every later QUERY of the node failing; in enqueue mode every later message of that epoch is
