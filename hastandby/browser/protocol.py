@@ -280,21 +280,25 @@ def link_properties(read: Any, field: str) -> dict[str, Any]:
     return found
 
 
+def decode_ids(value: Any, field: str) -> IdSet:
+    """The ids a peer says it holds (an IdSet's wire form of ids 1..2**63-2; absent: none)."""
+    if value is None:
+        return IdSet()
+    if not isinstance(value, list):
+        raise ProtocolError(field, f"an id set is a list, got {_short(value)}")
+    for entry in value:
+        if type(entry) is not int or not 1 <= entry <= MAX_ID:
+            raise ProtocolError(field, f"{_short(entry)} is not an id (1..2**63-2)")
+    try:
+        return IdSet.from_wire(value)
+    except ValueError as error:
+        raise ProtocolError(field, str(error)) from None
+
+
 def decode_browser_request(properties: dict[str, Any]) -> BrowserRequest:
     """The term, ids and lineage of a replicating browser's (plain) link properties."""
     term = decode_term(properties.get(str(TERM_PROPERTY)), str(TERM_PROPERTY))
-    ids = properties.get(str(IDS_PROPERTY))
-    if ids is None:
-        ids = []
-    if not isinstance(ids, list):
-        raise ProtocolError(str(IDS_PROPERTY), f"an id set is a list, got {_short(ids)}")
-    for value in ids:
-        if type(value) is not int or not 1 <= value <= MAX_ID:
-            raise ProtocolError(str(IDS_PROPERTY), f"{_short(value)} is not an id (1..2**63-2)")
-    try:
-        id_set = IdSet.from_wire(ids)
-    except ValueError as error:
-        raise ProtocolError(str(IDS_PROPERTY), str(error)) from None
+    id_set = decode_ids(properties.get(str(IDS_PROPERTY)), str(IDS_PROPERTY))
     try:
         their_lineage = lineage.from_wire(properties.get(str(LINEAGE_PROPERTY)))
     except (TypeError, ValueError) as error:

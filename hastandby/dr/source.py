@@ -46,6 +46,7 @@ from hastandby.browser.protocol import (
     IDS_PROPERTY,
     MAX_ID,
     ProtocolError,
+    decode_ids,
     encode_control,
     receive_control,
 )
@@ -87,6 +88,16 @@ def replica_info(connection: Connection) -> dict[str, Any] | None:
     """The ``hastandby.dr-replica`` connection property, if this is a replica's connection."""
     info = peer.properties(connection, "connection properties").get(REPLICA_PROPERTY)
     return plain(info) if isinstance(info, dict) else None
+
+
+def _backlog_bound(properties: dict[str, Any], name: Any) -> int | None:
+    """A replica's bound on its backlog (messages or bytes), checked before it sizes a queue."""
+    value = properties.get(str(name))
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise InvalidArgument(f"bad {name}: {value!r:.80} is not a count (an integer 0..2**63-1)")
+    return int(value)
 
 
 def _is_peer(connection: Connection, authority: Authority) -> bool:
@@ -412,8 +423,8 @@ class DrSource:
         epoch = str(properties.get(str(EPOCH_PROPERTY)) or "")
         if mode == "full":
             try:
-                ids = IdSet.from_wire([int(x) for x in properties.get(str(IDS_PROPERTY), [])])
-            except (TypeError, ValueError, OverflowError) as error:  # OverflowError: int(float("inf"))
+                ids = decode_ids(properties.get(str(IDS_PROPERTY)), str(IDS_PROPERTY))
+            except ProtocolError as error:
                 raise InvalidArgument(f"bad {IDS_PROPERTY}: {error}") from None
             try:
                 replica_lineage = lineage.from_wire(properties.get(str(LINEAGE_PROPERTY)))
@@ -455,15 +466,15 @@ class DrSource:
         name = tap_name(queue.name, key)
         tap = self.registry.queues.get(name)
         if tap is None:
-            count = properties.get(str(MAX_COUNT_PROPERTY))
-            size = properties.get(str(MAX_BYTES_PROPERTY))
+            count = _backlog_bound(properties, MAX_COUNT_PROPERTY)
+            size = _backlog_bound(properties, MAX_BYTES_PROPERTY)
             arguments: dict[str, Any] = {
                 INTERNAL: True, TAP_OF: queue.name, TAP_KEY: key, REPLICATE: queue.settings.replicate,
                 "qpid.policy_type": "ring",
-                "qpid.max_count": int(count) if count else (None if size else DEFAULT_MAX_BACKLOG),
+                "qpid.max_count": count if count else (None if size else DEFAULT_MAX_BACKLOG),
             }
             if size:
-                arguments["qpid.max_size"] = int(size)
+                arguments["qpid.max_size"] = size
             arguments = {k: v for k, v in arguments.items() if v is not None}
             tap, _ = self.registry.declare_queue(name, arguments, durable=queue.settings.durable)
             log.info("replication backlog created", queue=queue.name, tap=name,

@@ -63,6 +63,7 @@ from hastandby.dr.protocol import (
     ACK_PROPERTY,
     EPOCH_PROPERTY,
     KEY_PROPERTY,
+    MAX_COUNT_PROPERTY,
     MODE_PROPERTY,
     REPLICA_PROPERTY,
 )
@@ -236,6 +237,33 @@ def test_dr_ack_through_that_is_not_a_number(standalone: FuzzNode) -> None:
         ack.send(Message(body={"through": "x"}).encode())
         ack.advance()
         engine.run_for(0.3)
+    finally:
+        engine.close(linger=0.2)
+    _assert_clean(standalone)
+
+
+@pytest.mark.parametrize("properties", [
+    {MODE_PROPERTY: "enqueue", KEY_PROPERTY: "kbound", MAX_COUNT_PROPERTY: [1, 2]},
+    {MODE_PROPERTY: "full", IDS_PROPERTY: [1, 2**63 - 1]},
+], ids=["backlog-bound-not-a-number", "ids-beyond-the-last-id"])
+def test_dr_replica_attach_with_properties_out_of_range(standalone: FuzzNode, properties: dict[Any, Any]) -> None:
+    """A DR replica's data link whose backlog bound is a list (seed 5, dr case 5629: TypeError from
+    ``int()`` in dr/source.py:_tap), or whose ids go past the last id (dr case 1042: the source took
+    them with ``int(x)``, and encoding the dequeues it sends at start raised OverflowError).  Both
+    are now refused as amqp:invalid-field when the replica attaches, as a backup's ids already were."""
+    engine = Engine.connect(standalone.host, standalone.port, "peer", standalone.users.passwords["peer"],
+                            properties={REPLICA_PROPERTY: {"node_id": "fz-replica", "url": "127.0.0.1:1"}})
+    try:
+        session = engine.connection.session()
+        session.open()
+        data = session.receiver("fz-data-bad")
+        data.source.address = FUZZ_QUEUE
+        data.target.address = FUZZ_QUEUE
+        data.properties = properties
+        data.open()
+        assert engine.run_until(lambda: data.state & Endpoint.REMOTE_CLOSED, 3.0)
+        assert data.remote_condition is not None and data.remote_condition.name == "amqp:invalid-field", \
+            data.remote_condition
     finally:
         engine.close(linger=0.2)
     _assert_clean(standalone)
