@@ -22,6 +22,8 @@ from proton import Described, ulong
 from . import amqp, values
 from .amqp import Frame
 
+REPEAT_BYTES = 16 << 20  # a repeated frame is copied at most up to this many bytes in all
+
 # Bytes an AMQP decoder treats specially: null, described, the variable-width and
 # compound constructors (vbin, str, sym, list, map, array in 8- and 32-bit size),
 # booleans, and the extremes.
@@ -209,6 +211,7 @@ def mutate_script(rng: random.Random, frames: list[Any]) -> tuple[list[Any], lis
             times = rng.choice([1, 2, 3, 70, 1100, 3000])
             if isinstance(target, amqp.Wait):
                 times = min(times, 2)
+            times = max(1, min(times, REPEAT_BYTES // max(_size(target), 1)))
             copies = [amqp.copy_frame(target) for _ in range(times)]
             out[index + 1:index + 1] = copies
             notes.append(f"frame {index} repeated {times} more time(s)")
@@ -249,16 +252,28 @@ def mutate_script(rng: random.Random, frames: list[Any]) -> tuple[list[Any], lis
 def serialise(parts: list[Any]) -> list[Any]:
     """The script as writes and waits: consecutive frames and bytes joined into one ``bytes``."""
     segments: list[Any] = []
+    run: list[bytes] = []  # joined once: adding to a bytes each time was quadratic in a repeated frame
     for part in parts:
         if isinstance(part, amqp.Wait):
+            if run:
+                segments.append(b"".join(run))
+                run = []
             segments.append(part)
             continue
-        data = part.encode() if isinstance(part, Frame) else part
-        if segments and isinstance(segments[-1], bytes):
-            segments[-1] += data
-        else:
-            segments.append(data)
+        run.append(part.encode() if isinstance(part, Frame) else part)
+    if run:
+        segments.append(b"".join(run))
     return segments
+
+
+def _size(part: Any) -> int:
+    """Encoded bytes of a script's part (0 for a wait, or a frame proton cannot encode)."""
+    if isinstance(part, bytes):
+        return len(part)
+    try:
+        return len(part.encode()) if isinstance(part, Frame) else 0
+    except Exception:  # noqa: BLE001 - a mutated field: serialise falls back to valid frames
+        return 0
 
 
 def flatten(segments: list[Any]) -> bytes:
