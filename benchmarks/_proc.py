@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -31,6 +32,25 @@ def free_port(host: str = LOOPBACK) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, step: float = 0.05,
+               tick: Callable[[], None] | None = None) -> bool:
+    """Poll ``predicate`` every ``step`` s until it is true (True) or ``timeout`` has passed (False).
+
+    ``tick`` runs before every poll (a harness pumping its children's output).
+    The predicate is asked once more at the deadline, so a slow poll cannot
+    miss a condition that became true meanwhile.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        if tick is not None:
+            tick()
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(step)
 
 
 class Service:

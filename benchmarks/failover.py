@@ -45,7 +45,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -59,7 +58,7 @@ from spark_analysis.phases import nearest_rank
 from tests.support.etcd import EtcdServer
 
 from . import _auth
-from ._proc import LOOPBACK, Service, free_port, python_env
+from ._proc import LOOPBACK, Service, free_port, python_env, wait_until
 from .failover_clients import HEARTBEAT, RECONNECT_DELAY
 from .throughput import DEFAULT_OUT, REPO_ROOT, host_info
 
@@ -94,18 +93,6 @@ GOAL_TTL = 2.0
 CAMPAIGN_WINDOW = 0.5  # s: how far before the watch's report a node's campaign decision may bound a deletion
 PORT_RETRIES = 2  # a round whose node lost its "free" port before the fault is started again
 MIN_LEASE_TTL = 2  # etcd raises shorter TTLs to about 1.5 x its election timeout (docs/lifecycle.md)
-
-
-def _wait_until(predicate: Callable[[], bool], timeout: float, tick: Callable[[], None] = lambda: None) -> bool:
-    """Poll ``predicate`` every WAIT_STEP until true or ``timeout``; ``tick`` runs every step."""
-    deadline = time.monotonic() + timeout
-    while True:
-        tick()
-        if predicate():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(WAIT_STEP)
 
 
 class ChildProcess:
@@ -394,8 +381,8 @@ class RoundRunner:
         self.watch = ChildProcess("watch", ["watch", "--etcd", url, "--key", ClusterKeys(self.cluster).leader],
                                   self.logs, keep=True)
         watch = self.watch
-        if not _wait_until(lambda: any(line.get("kind") == "created" for line in watch.lines) or not watch.running,
-                           20.0) or not watch.running:
+        if not wait_until(lambda: any(line.get("kind") == "created" for line in watch.lines) or not watch.running,
+                          20.0, WAIT_STEP) or not watch.running:
             raise RuntimeError(f"etcd watch did not start: {watch.log_tail()}")
         for node_id in self.node_ids:
             port = free_port()
@@ -417,7 +404,7 @@ class RoundRunner:
             return len(primaries) == 1 and all(
                 n.poller.follows(primaries[0].address) for n in self.nodes if n is not primaries[0])
 
-        if not _wait_until(settled, START_TIMEOUT):
+        if not wait_until(settled, START_TIMEOUT, WAIT_STEP):
             raise RuntimeError(f"cluster did not settle: {self._states()}")
         self.primary = next(n for n in self.nodes if n.poller.state() == "primary")
         queues = [QUEUE, PROBE_QUEUE] if self.fault == ts.FAULT_SIGSTOP else [QUEUE]
@@ -425,8 +412,8 @@ class RoundRunner:
         with ManagementClient(self.primary.address, timeout=10, login=_auth.users().login()) as client:
             for queue in queues:
                 client.request("CREATE", "queue", queue, {"arguments": {"qpid.replicate": "all"}})
-        if not _wait_until(lambda: all(int((n.poller.latest or {}).get("queues") or 0) >= before[n.node_id] + len(queues)
-                                       for n in self.nodes), 10.0):
+        if not wait_until(lambda: all(int((n.poller.latest or {}).get("queues") or 0) >= before[n.node_id] + len(queues)
+                                      for n in self.nodes), 10.0, WAIT_STEP):
             raise RuntimeError(f"queues {queues} did not reach every backup: {self._states()}")
 
     def _states(self) -> str:
@@ -447,8 +434,8 @@ class RoundRunner:
                 "--out", str(self.logs / "probe.json"), "--rate", str(PROBE_RATE), "--round", self.round_id,
                 "--t0", repr(self.t_start)], self.logs)
         for client in filter(None, (self.producer, self.probe)):
-            if not _wait_until(lambda: client.status.get("first_ack_t") is not None or not client.running,
-                               FIRST_ACK_TIMEOUT) or client.status.get("first_ack_t") is None:
+            if not wait_until(lambda: client.status.get("first_ack_t") is not None or not client.running,
+                              FIRST_ACK_TIMEOUT, WAIT_STEP) or client.status.get("first_ack_t") is None:
                 raise RuntimeError(f"{client.name} got no acknowledgement: {client.status} {client.log_tail()}")
         producer = self.producer
         first = float(producer.status["first_ack_t"])
@@ -492,17 +479,17 @@ class RoundRunner:
                 return self.t_resume is not None and self.primary.poller.follows(new.address)
             return True
 
-        if not _wait_until(recovered, self.s.recovery_timeout, self._tick):
+        if not wait_until(recovered, self.s.recovery_timeout, WAIT_STEP, self._tick):
             self.new_primary = self.new_primary or self._new_primary()
             raise RuntimeError(f"no recovery within {self.s.recovery_timeout:g} s: new primary "
                                f"{self.new_primary and self.new_primary.node_id}, producer acked by it: "
                                f"{self._acked_by_new()}, states {self._states()}")
-        _wait_until(lambda: False, self.s.steady_after, self._tick)
+        wait_until(lambda: False, self.s.steady_after, WAIT_STEP, self._tick)
 
     def _finish_load(self) -> None:
         producer, consumer = self.producer, self.consumer
         producer.send("stop-sending")
-        if not _wait_until(lambda: producer.status.get("in_flight") == 0, DRAIN_TIMEOUT, self._tick):
+        if not wait_until(lambda: producer.status.get("in_flight") == 0, DRAIN_TIMEOUT, WAIT_STEP, self._tick):
             self.notes.append(f"producer still had {producer.status.get('in_flight')} unsettled sends at the end")
         record = producer.finish()
         if record is None:
@@ -510,7 +497,7 @@ class RoundRunner:
         expected = self.logs / "acknowledged.json"
         expected.write_text(json.dumps(sorted({number for _, number, _ in record["acks"]})))
         consumer.send(f"expect {expected}")
-        if not _wait_until(lambda: consumer.status.get("missing") == 0, DRAIN_TIMEOUT, self._tick):
+        if not wait_until(lambda: consumer.status.get("missing") == 0, DRAIN_TIMEOUT, WAIT_STEP, self._tick):
             self.notes.append(f"consumer still missed {consumer.status.get('missing')} acknowledged numbers")
         last = [consumer.status.get("received"), time.monotonic()]
 
@@ -519,7 +506,7 @@ class RoundRunner:
                 last[:] = [consumer.status.get("received"), time.monotonic()]
             return time.monotonic() - last[1] >= QUIET
 
-        _wait_until(quiet, 5.0)
+        wait_until(quiet, 5.0, WAIT_STEP)
         consumer.finish()
 
     def _teardown(self) -> None:

@@ -79,7 +79,7 @@ from hastandby.client import ManagementClient, ManagementError
 from spark_analysis.phases import nearest_rank
 
 from . import _auth, cexamples
-from ._proc import Service, free_port, python_env
+from ._proc import Service, free_port, python_env, wait_until
 from .security import (
     PlainSaslClient,
     RawConnection,
@@ -198,15 +198,6 @@ def _query_sample(client: ManagementClient, queue: str) -> dict[str, Any]:
             "depth": (mine or {}).get("depth", 0), "resident": memory.get("resident"),
             "alarm": memory.get("alarm"), "blocked": memory.get("producers_blocked"),
             "heap_in_use": memory.get("heap_in_use"), "heap_free": memory.get("heap_free")}
-
-
-def _wait_until(condition: Any, timeout: float, step: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(step)
-    return bool(condition())
 
 
 def enqueued_at(timeline: list[dict[str, Any]], t: float) -> float:
@@ -408,7 +399,7 @@ def watermark_part(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         def held() -> bool:
             recent = timeline.samples[-1] if timeline.samples else None
             return sender.process.poll() is not None or bool(recent and recent["blocked"])
-        if not _wait_until(held, timeout):
+        if not wait_until(held, timeout):
             raise RuntimeError(f"no memory alarm within {timeout:.0f} s")
         if sender.process.poll() is not None:
             raise RuntimeError(f"the sender finished before the alarm (exit {sender.process.returncode}): "
@@ -417,7 +408,7 @@ def watermark_part(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         def standing_still() -> bool:
             window = [s for s in timeline.samples if s["t"] >= time.time() - 1.0]
             return len(window) >= 5 and window[-1]["enqueued"] == window[0]["enqueued"]
-        if not _wait_until(standing_still, 30):
+        if not wait_until(standing_still, 30):
             result["problems"].append("the enqueue counter kept moving for 30 s after the alarm")
         stalled = timeline.samples[-1]["enqueued"]
         time.sleep(args.hold)

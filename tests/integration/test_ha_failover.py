@@ -64,7 +64,7 @@ def cli_status(cluster: HaCluster, index: int) -> str:
 
 
 def wait_detail(cluster: HaCluster, index: int, detail: str, timeout: float = 20.0) -> None:
-    wait_for(lambda: cluster.status(index).get("detail") == detail, timeout,
+    wait_for(lambda: (cluster.status(index) or {}).get("detail") == detail, timeout,
                     f"node {index} primary ({detail})", interval=0.1)
 
 

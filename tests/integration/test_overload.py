@@ -184,6 +184,55 @@ def test_links_and_auto_created_queues_beyond_their_limits_are_refused(node_fact
     node.request("CREATE", "queue", "made-by-an-admin")  # CREATE is not an auto-creation
 
 
+class _RefusedAgainAndAgain(MessagingHandler):
+    """Attaches one sender after another to a refused address; proton detaches each refused link."""
+
+    def __init__(self, url: str, attempts: int) -> None:
+        super().__init__()
+        self.url, self.attempts = url, attempts
+        self.refusals: list[str] = []
+        self.connection_error: str | None = None
+        self.sent = False
+
+    def on_start(self, event: Any) -> None:
+        self.connection = event.container.connect(self.url, reconnect=False)
+        self.kept = event.container.create_sender(self.connection, "kept")
+        event.container.create_sender(self.connection, "other")
+
+    def on_link_opened(self, event: Any) -> None:
+        if event.link.name.endswith("other"):
+            event.container.create_sender(self.connection, "refused", name="refused-0")
+
+    def on_link_error(self, event: Any) -> None:  # proton closes the link after this (not the connection)
+        self.refusals.append(event.link.remote_condition.description)
+        if len(self.refusals) < self.attempts:
+            event.container.create_sender(self.connection, "refused", name=f"refused-{len(self.refusals)}")
+        elif self.kept.credit and not self.sent:
+            self.kept.send(Message(body="the connection still serves"))
+            self.sent = True
+
+    def on_accepted(self, event: Any) -> None:
+        event.connection.close()
+
+    def on_connection_error(self, event: Any) -> None:
+        self.connection_error = str(event.connection.remote_condition)
+        event.connection.close()
+
+
+def test_a_client_that_closes_its_refused_links_is_never_cut_off(node_factory):
+    """Refusals count against ``refusals_per_connection`` only while the peer leaves them open: a proton
+    MessagingHandler detaches each refused link, so 150 refused attaches in a row (past the limit of
+    100) keep its connection.  (BlockingConnection does not detach them: after 100 its connection is
+    closed, docs/limits.md.)"""
+    node = node_factory("--limit", "links-per-connection=2")  # a management client needs two
+    client = _RefusedAgainAndAgain(node.url, 150)
+    Container(client).run()
+    assert client.connection_error is None
+    assert client.refusals == ["links per connection limit reached: 2"] * 150
+    assert client.sent
+    assert connect(node.address).create_receiver("kept").receive(5).body == "the connection still serves"
+
+
 def test_a_management_request_over_its_size_limit_is_refused(node_factory):
     node = node_factory("--limit", "management-request=4096")
     with ManagementClient(node.address) as client:

@@ -15,46 +15,39 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from hastandby.client import ManagementClient, ManagementError
+from tests.support.cluster import NodeGroup
 from tests.support.etcd import EtcdServer
-from tests.support.nodes import NodeProcess, free_port
+from tests.support.nodes import NodeProcess
 
 TTL = 2  # --lease-ttl: the shortest lease etcd grants with its default election timeout
 POLL = 0.02  # seconds between status polls while timing a failover
 
 
-class EtcdHa:
-    """``size`` nodes of one etcd cluster (``--node-id n0 ... nN``); stopped by PID in ``stop()``."""
+class EtcdHa(NodeGroup):
+    """``size`` nodes of one etcd cluster (``--node-id n0 ... nN``), started by ``start()``."""
+
+    status_timeout = 2.0  # a frozen node must not hold up the polls that time a failover
 
     def __init__(self, etcd: EtcdServer, log_dir: Path, size: int, data: bool = False, ttl: int = TTL,
                  extra: tuple[str, ...] = ()) -> None:
+        super().__init__(log_dir, size)
         self.etcd = etcd
         self.data = data  # each node keeps a --data-dir (journal) under log_dir
         self.ttl = ttl
         self.extra = extra  # more serve options for every node
-        self.log_dir = Path(log_dir)
         self.name = f"t{uuid.uuid4().hex[:8]}"
         self.ids = [f"n{i}" for i in range(size)]
-        self.ports = [free_port() for _ in range(size)]
-        self.brokers_url = ",".join(f"127.0.0.1:{p}" for p in self.ports)
         self.nodes = [self._make(i) for i in range(size)]
-        self.retired: list[NodeProcess] = []
 
-    def _make(self, index: int) -> NodeProcess:
+    def _make(self, index: int, *args: str) -> NodeProcess:
         data = ("--data-dir", str(self.data_dir(index))) if self.data else ()
         return NodeProcess(self.log_dir, "--etcd", self.etcd.client_url, "--cluster", self.name,
                            "--node-id", self.ids[index], "--lease-ttl", str(self.ttl),
-                           "--brokers-url", self.brokers_url, *data, *self.extra,
+                           "--brokers-url", self.brokers_url, *data, *self.extra, *args,
                            port=self.ports[index], name=self.ids[index])
 
     def data_dir(self, index: int) -> Path:
         return self.log_dir / f"{self.name}-{self.ids[index]}-data"
-
-    def __getitem__(self, index: int) -> NodeProcess:
-        return self.nodes[index]
-
-    def __len__(self) -> int:
-        return len(self.nodes)
 
     def start(self) -> "EtcdHa":
         for node in self.nodes:
@@ -64,39 +57,12 @@ class EtcdHa:
         return self
 
     def restart(self, index: int) -> NodeProcess:
-        """A fresh process for a node that was killed (same id, port and log file)."""
-        self.retired.append(self.nodes[index])
-        node = self.nodes[index] = self._make(index)
+        """A fresh process for a node that was killed (same id, port and log file); not waited for."""
+        node = self._replace(index)
         node.start(wait=False)
         return node
 
-    def stop(self) -> None:
-        for node in self.nodes + self.retired:
-            node.stop()
-
     # -- asking the nodes ---------------------------------------------------------------------
-
-    def status(self, index: int, timeout: float = 2.0) -> dict[str, Any] | None:
-        try:
-            with ManagementClient(self.nodes[index].address, timeout=timeout) as client:
-                return client.request("STATUS")
-        except ManagementError:
-            return None
-
-    def state(self, index: int) -> str | None:
-        status = self.status(index)
-        return status["state"] if status else None
-
-    def wait_state(self, index: int, state: str, timeout: float = 20.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        status = None
-        while time.monotonic() < deadline:
-            status = self.status(index)
-            if status and status["state"] == state:
-                return status
-            time.sleep(0.05)
-        raise AssertionError(f"{self.ids[index]} is {status and status['state']}, not {state}, "
-                             f"after {timeout} s")
 
     def wait_following(self, index: int, primary: int, timeout: float = 20.0) -> dict[str, Any]:
         """Wait until node ``index`` is a backup replicating from node ``primary``; its status."""
@@ -160,12 +126,3 @@ class EtcdHa:
             if isinstance(record, dict) and record.get("event") == event:
                 records.append(record)
         return records
-
-    def create_queue(self, index: int, name: str) -> None:
-        with ManagementClient(self.nodes[index].address, timeout=10) as client:
-            client.request("CREATE", "queue", name)
-
-    def depth(self, index: int, name: str) -> int | None:
-        with ManagementClient(self.nodes[index].address, timeout=10) as client:
-            queues = client.request("QUERY")["queues"]
-        return next((q["depth"] for q in queues if q["name"] == name), None)
