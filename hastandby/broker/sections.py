@@ -62,7 +62,10 @@ def _sections(buf: bytes) -> Iterator[tuple[int, Data]]:
             raise MalformedMessage(f"undecodable section at byte {pos}")
         data.rewind()
         data.next()
-        value = data.get_object()
+        try:
+            value = data.get_object()
+        except Exception as exc:  # proton decodes what Python cannot hold: a char past U+10FFFF
+            raise MalformedMessage(f"undecodable section at byte {pos}: {exc}") from exc
         if not isinstance(value, Described):
             raise MalformedMessage(f"section at byte {pos} has no descriptor")
         yield int(value.descriptor), data
@@ -180,17 +183,21 @@ def with_delivery_count(buf: bytes, count: int) -> bytes:
     """Return the message with its header's delivery-count set to ``count``.
 
     Only redelivered messages pay for this; the rest of the bytes are kept
-    as they are.
+    as they are.  A header the decoder cannot read (accepted by the fast path,
+    which reads only its first fields) leaves the message as it came.
     """
     fields: list = [None] * _HEADER_FIELDS
     rest = buf
     if buf.startswith(HEADER_PREFIX):
-        data = Data()
-        used = data.decode(bytes(buf))
-        data.rewind()
-        data.next()
-        old = data.get_object().value
-        fields[: len(old)] = old
+        try:
+            data = Data()
+            used = data.decode(bytes(buf))
+            data.rewind()
+            data.next()
+            old = data.get_object().value
+            fields[: len(old)] = old
+        except Exception:  # noqa: BLE001 - a producer's malformed header: not ours to mend
+            return buf
         rest = buf[used:]
     fields[4] = uint(count)
     out = Data()

@@ -170,3 +170,24 @@ def test_a_message_of_many_sections_is_refused_after_a_few_and_parses_in_linear_
     legal = section * sections.MAX_SECTIONS
     assert sections.subject(legal) is None  # up to the limit they are read
     assert sections.MalformedMessage("x").condition == "amqp:decode-error"
+
+
+# An AMQP char (0x73, UTF-32) past U+10FFFF: proton decodes it, Python's chr() cannot hold it.
+_BAD_CHAR = bytes([0x73, 0x00, 0x11, 0x00, 0x00])
+_BODY = bytes(Message(body="b").encode())
+
+
+def test_a_section_python_cannot_hold_is_a_malformed_message():
+    """Seed 5, frames case 2823: the anonymous relay read ``to`` from properties holding such a char,
+    and ValueError from proton's get_char closed the producer's link instead of rejecting the message."""
+    properties = bytes([0x00, 0x53, 0x73, 0xC0, 1 + len(_BAD_CHAR), 0x01]) + _BAD_CHAR
+    with pytest.raises(sections.MalformedMessage, match="undecodable section at byte 0"):
+        sections.to_address(properties + _BODY)
+
+
+def test_redelivery_leaves_a_header_it_cannot_decode_as_it_came():
+    """The fast header path reads durable, priority and ttl only, so such a header can be stored;
+    setting its delivery-count on redelivery must not fail."""
+    header = bytes([0x00, 0x53, 0x70, 0xC0, 4 + len(_BAD_CHAR), 0x04, 0x41, 0x40, 0x40]) + _BAD_CHAR
+    assert sections.header_durable(header + _BODY) is True
+    assert sections.with_delivery_count(header + _BODY, 3) == header + _BODY
