@@ -219,16 +219,11 @@ def test_dr_ack_through_that_is_not_a_number(standalone: FuzzNode) -> None:
     """A DR replica's acknowledgement ``{"through": "x"}`` on ``$dr.ack``: today ValueError from
     ``int(body.get("through"))`` in dr/source.py (AckReceiver.on_delivery), logged as
     ``link endpoint failed``, and the ack link closed."""
-    engine = Engine.connect(standalone.host, standalone.port, "peer", standalone.users.passwords["peer"],
-                            properties={REPLICA_PROPERTY: {"node_id": "fz-replica", "url": "127.0.0.1:1"}})
+    engine = _as_dr_replica(standalone)
     try:
         session = engine.connection.session()
         session.open()
-        data = session.receiver("fz-data")
-        data.source.address = FUZZ_QUEUE
-        data.target.address = FUZZ_QUEUE
-        data.properties = {MODE_PROPERTY: "enqueue", KEY_PROPERTY: "kfz", ACK_PROPERTY: True}
-        data.open()
+        _dr_data_link(session, "fz-data", {MODE_PROPERTY: "enqueue", KEY_PROPERTY: "kfz", ACK_PROPERTY: True})
         ack = session.sender("fz-ack")
         ack.target.address = ACK_ADDRESS
         ack.open()
@@ -251,16 +246,11 @@ def test_dr_replica_attach_with_properties_out_of_range(standalone: FuzzNode, pr
     ``int()`` in dr/source.py:_tap), or whose ids go past the last id (dr case 1042: the source took
     them with ``int(x)``, and encoding the dequeues it sends at start raised OverflowError).  Both
     are now refused as amqp:invalid-field when the replica attaches, as a backup's ids already were."""
-    engine = Engine.connect(standalone.host, standalone.port, "peer", standalone.users.passwords["peer"],
-                            properties={REPLICA_PROPERTY: {"node_id": "fz-replica", "url": "127.0.0.1:1"}})
+    engine = _as_dr_replica(standalone)
     try:
         session = engine.connection.session()
         session.open()
-        data = session.receiver("fz-data-bad")
-        data.source.address = FUZZ_QUEUE
-        data.target.address = FUZZ_QUEUE
-        data.properties = properties
-        data.open()
+        data = _dr_data_link(session, "fz-data-bad", properties)
         assert engine.run_until(lambda: data.state & Endpoint.REMOTE_CLOSED, 3.0)
         assert data.remote_condition is not None and data.remote_condition.name == "amqp:invalid-field", \
             data.remote_condition
@@ -273,8 +263,7 @@ def test_empty_delivery_on_the_dr_ack_link(standalone: FuzzNode) -> None:
     """A delivery with no payload on ``$dr.ack`` (any control link): ``receive_whole`` reads no bytes
     (None) and browser/protocol.py:decode_control hands it to ``Message.decode``: today TypeError
     ('a bytes-like object is required, not NoneType'), logged as ``link endpoint failed``."""
-    engine = Engine.connect(standalone.host, standalone.port, "peer", standalone.users.passwords["peer"],
-                            properties={REPLICA_PROPERTY: {"node_id": "fz-replica", "url": "127.0.0.1:1"}})
+    engine = _as_dr_replica(standalone)
     try:
         session = engine.connection.session()
         session.open()
@@ -574,6 +563,22 @@ def _after_login(node: FuzzNode, segments: list[Any]) -> list[tuple[int | None, 
         return converse(raw, segments, read_for=0.5)
     finally:
         raw.close()
+
+
+def _as_dr_replica(node: FuzzNode) -> Engine:
+    """A connection as the ``peer`` user saying it is a DR replica (what the source admits)."""
+    return Engine.connect(node.host, node.port, "peer", node.users.passwords["peer"],
+                          properties={REPLICA_PROPERTY: {"node_id": "fz-replica", "url": "127.0.0.1:1"}})
+
+
+def _dr_data_link(session: Any, name: str, properties: dict[Any, Any]) -> Any:
+    """A replica's data link on FUZZ_QUEUE with ``properties``, attached."""
+    data = session.receiver(name)
+    data.source.address = FUZZ_QUEUE
+    data.target.address = FUZZ_QUEUE
+    data.properties = properties
+    data.open()
+    return data
 
 
 def _digest(body: str) -> str:
