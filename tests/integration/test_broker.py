@@ -17,6 +17,7 @@ from proton.utils import LinkDetached, SendException
 from benchmarks import cexamples
 from tests.support import auth
 from tests.support.clients import connect, receive, send, topic_filter
+from tests.support.waiting import wait_for
 
 ACCEPTED = Delivery.ACCEPTED
 REJECTED = Delivery.REJECTED
@@ -192,16 +193,16 @@ def test_exclusive_queue_refuses_a_second_consumer(node):
 
 def test_auto_delete_queue_goes_away_after_last_consumer_and_timeout(node):
     node.request("CREATE", "queue", "ad", {"auto-delete": True})
-    node.request("CREATE", "queue", "adt", {"auto-delete": True, "arguments": {"qpid.auto_delete_timeout": 1}})
+    node.request("CREATE", "queue", "adt", {"auto-delete": True, "arguments": {"qpid.auto_delete_timeout": 5}})
     conn = connect(node.address)
     conn.create_receiver("ad")
     conn.create_receiver("adt")
     conn.close()
-    time.sleep(0.3)
-    names = queue_names(node)
-    assert "ad" not in names and "adt" in names
-    time.sleep(1.2)
-    assert "adt" not in queue_names(node)
+    closed = time.monotonic()
+    wait_for(lambda: "ad" not in queue_names(node), 5, "'ad' deleted with its last consumer")
+    assert "adt" in queue_names(node), "'adt' deleted before its 5 s timeout"
+    wait_for(lambda: "adt" not in queue_names(node), 15, "'adt' deleted after its timeout")
+    assert time.monotonic() - closed >= 5
 
 
 def test_no_auto_create_refuses_unknown_addresses_with_not_found(node_factory):
