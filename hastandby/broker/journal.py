@@ -39,13 +39,16 @@ again, durable messages for durable queues are refused at once.
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import queue as queues
 import threading
+import time
 import uuid as uuidlib
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import structlog
 
@@ -56,6 +59,7 @@ from .completion import Completion
 from .errors import ResourceLimitExceeded
 from .exchange import Binding
 from .idset import IdSet
+from .journal_replay import QueueReplay
 from .queue import Queue
 from .registry import Node, Registry
 
@@ -88,8 +92,9 @@ class _Job:
     size: int = 0  # the file's size after this job (set by the writer)
 
 
-Snapshot = list[tuple[int, str, str, list[Any], Any, list[Any], IdSet]]
-"""Per journaled queue: number, uuid, name, lineage (wire form), ids and payloads (copies), journaled ids."""
+Snapshot = list[tuple[int, str, str, list[Any], Any, list[Any], IdSet, dict[int, float]]]
+"""Per journaled queue: number, uuid, name, lineage (wire form), ids and payloads (copies), journaled ids,
+expiry deadlines (monotonic seconds, a copy)."""
 
 
 class Journal:
@@ -119,7 +124,8 @@ class Journal:
         self._numbers: dict[str, int] = {}  # queue uuid -> its number in the file (kept across compactions)
         self._journaled: dict[Queue, IdSet] = {}  # the durable queues followed, and their ids on disk
         self._buffer = bytearray()
-        self._enqueue_run: tuple[Queue, list[int], list[bytes]] | None = None  # one queue's enqueues: one record
+        self._enqueue_run: tuple[Queue, list[int], list[bytes], list[tuple[int, int]]] | None = None
+        """One queue's enqueues, one record: the queue, ids, payloads, and (id, ttl) of those with a ttl."""
         self._dequeue_run: tuple[Queue, int, int] | None = None  # consecutive dequeues become one record
         self._held: list[tuple[Completion, Queue, int]] = []
         self._flush_pending = False
@@ -147,31 +153,42 @@ class Journal:
         """
         report = Recovered()
         uuids: dict[int, str] = {}
-        held: dict[str, dict[int, bytes]] = {}
-        slots: dict[int, dict[int, bytes]] = {}  # queue number -> its uuid's messages (one lookup a record)
+        replays: dict[str, QueueReplay] = {}
+        by_number: dict[int, QueueReplay] = {}  # queue number -> its uuid's replay (one lookup a record)
         lineage_of: dict[str, list[Any]] = {}
         result = jf.Read()
         existed = self.path.exists()
+
+        ttls_in_records = False  # the file's current writer puts ttls in EXPIRY records (format 2)
+
+        def replay(number: int) -> QueueReplay:
+            found = by_number.get(number)
+            if found is None:
+                found = by_number[number] = replays.setdefault(uuids.get(number, ""), QueueReplay())
+            return found
+
         if existed:
-            with open(self.path, "rb") as stream:
-                for kind, body in jf.read_records(stream, result):
+            with _mapped(self.path) as data, closing(jf.read_records(data, result)) as records:
+                for kind, body in records:
                     report.clean = kind == jf.CLOSE
                     if kind == jf.ENQUEUE_RUN:
-                        number, ids, payloads = body
-                        slot = slots.get(number)
-                        if slot is None:
-                            slot = slots[number] = held.setdefault(uuids.get(number, ""), {})
-                        slot.update(zip(ids, payloads))
+                        replay(body[0]).enqueue(body[1], body[2])
+                        if not ttls_in_records:
+                            replay(body[0]).expire(_header_ttls(body[1], body[2]))
+                    elif kind == jf.EXPIRY:
+                        replay(body[0]).expire(body[1])
                     elif kind == jf.ENQUEUE:
-                        number, msg_id, payload = body
-                        slots.setdefault(number, held.setdefault(uuids.get(number, ""), {}))[msg_id] = payload
+                        replay(body[0]).enqueue([body[1]], [body[2]])
+                        replay(body[0]).expire(_header_ttls([body[1]], [body[2]]))
                     elif kind in (jf.OPEN, jf.TERM):
                         report.term = max(report.term, int(body.get("term", 0)))
+                        if kind == jf.OPEN:
+                            ttls_in_records = body.get("format", 1) >= jf.FORMAT
                     elif kind == jf.QUEUE:
                         uuids[body[0]] = str(body[1]["uuid"])
-                        slots[body[0]] = held.setdefault(uuids[body[0]], {})
+                        by_number[body[0]] = replays.setdefault(uuids[body[0]], QueueReplay())
                     elif kind == jf.DEQUEUE:
-                        _remove(held.get(uuids.get(body[0], ""), {}), body[1])
+                        replay(body[0]).dequeue(body[1])
                     elif kind == jf.LINEAGE:
                         lineage_of[uuids.get(body[0], "")] = body[1]
             report.torn_bytes = self.path.stat().st_size - result.valid_bytes
@@ -183,16 +200,16 @@ class Journal:
             queue = by_uuid.get(uuid)
             if queue is not None:
                 queue.lineage = lineages.from_wire(wire)
-        for uuid, messages in held.items():
+        for uuid, messages in replays.items():
+            ids, payloads, ttls = messages.result()
             queue = by_uuid.get(uuid)
             if queue is None:
-                report.orphans += len(messages)
+                report.orphans += len(ids)
                 continue
-            ids = sorted(messages)  # in order already, unless a backup took a retransmission: linear then
-            queue.restore(ids, [messages[msg_id] for msg_id in ids])
-            self._journaled[queue] = IdSet.from_ids(ids)  # in runs: a million ids one add at a time cost ~0.6 s
-            report.messages += len(messages)
-            report.queues += 1 if messages else 0
+            queue.restore(ids, payloads, ttls)
+            self._journaled[queue] = IdSet.from_increasing(ids)
+            report.messages += len(ids)
+            report.queues += 1 if ids else 0
         for queue in by_uuid.values():
             self._journaled.setdefault(queue, IdSet())  # its restart epoch goes on disk with the others'
         self.term = report.term
@@ -265,6 +282,8 @@ class Journal:
         if enqueues is not None:
             number = self._number(enqueues[0])  # a queue new to the file gets its QUEUE record first
             self._buffer += jf.enqueue_run_record(number, enqueues[1], enqueues[2])
+            if enqueues[3]:
+                self._buffer += jf.expiry_record(number, enqueues[3])
         dequeues, self._dequeue_run = self._dequeue_run, None
         if dequeues is not None:
             number = self._number(dequeues[0])
@@ -276,14 +295,19 @@ class Journal:
             raise ResourceLimitExceeded(f"the journal cannot write ({self.full}): durable messages are refused")
 
     def enqueued(self, queue: Queue, msg_id: int, data: bytes, completion: Completion | None) -> None:
-        if not data.startswith(sections.HEADER_PREFIX) or not sections.header_durable(data):
+        if not data.startswith(sections.HEADER_PREFIX):
+            return
+        durable, ttl = sections.header_durable_ttl(data)
+        if not durable:
             return
         run = self._enqueue_run
         if run is None or run[0] is not queue or len(run[1]) >= RUN_MESSAGES:
             self._end_runs()
-            run = self._enqueue_run = (queue, [], [])
+            run = self._enqueue_run = (queue, [], [], [])
         run[1].append(msg_id)
         run[2].append(data)
+        if ttl:
+            run[3].append((msg_id, ttl))
         self._journaled[queue].add(msg_id)
         self.stats["messages"] += 1
         if completion is not None and self.sync != "off" and not completion.done:
@@ -470,12 +494,13 @@ class Journal:
         log.info("journal compaction started", file_bytes=self._written)
 
     def _snapshot(self) -> Snapshot:
-        return [(self._number(q), q.uuid, q.name, lineages.to_wire(q.lineage), q._ids[:], q._data[:], ids.copy())
-                for q, ids in self._journaled.items()]
+        return [(self._number(q), q.uuid, q.name, lineages.to_wire(q.lineage), q._ids[:], q._data[:], ids.copy(),
+                 q.deadlines()) for q, ids in self._journaled.items()]
 
     def _encode(self, snapshot: Snapshot) -> bytes:
         parts = [jf.open_record(self.node_id, self.term)]
-        for number, uuid, name, wire, ids, payloads, journaled in snapshot:
+        now = time.monotonic()
+        for number, uuid, name, wire, ids, payloads, journaled, deadlines in snapshot:
             parts.append(jf.queue_record(number, uuid, name))
             parts.append(jf.lineage_record(number, wire))
             kept = [(msg_id, payload) for msg_id, payload in zip(ids, payloads)
@@ -483,6 +508,9 @@ class Journal:
             for at in range(0, len(kept), RUN_MESSAGES):
                 run = kept[at:at + RUN_MESSAGES]
                 parts.append(jf.enqueue_run_record(number, [m for m, _ in run], [p for _, p in run]))
+                ttls = [(m, max(1, int((deadlines[m] - now) * 1000))) for m, _ in run if m in deadlines]
+                if ttls:  # what is left of each ttl
+                    parts.append(jf.expiry_record(number, ttls))
         return b"".join(parts)
 
     def _begin_restart_epochs(self, queues: Any) -> None:
@@ -549,12 +577,19 @@ class Journal:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND, 0o600)
 
 
-def _remove(messages: dict[int, bytes], ranges: list[tuple[int, int]]) -> None:
-    """Drop the ids in ``ranges``, in time linear in what is dropped or held, whichever is less."""
-    for lo, hi in ranges:
-        if hi - lo < len(messages):
-            for msg_id in range(lo, hi + 1):
-                messages.pop(msg_id, None)
-        else:
-            for msg_id in [i for i in messages if lo <= i <= hi]:
-                del messages[msg_id]
+
+def _header_ttls(ids: list[int], payloads: list[bytes]) -> list[tuple[int, int]]:
+    """(id, ttl) of the messages whose header has a ttl: for runs written before EXPIRY records."""
+    found = [(msg_id, sections.header_ttl(payload)) for msg_id, payload in zip(ids, payloads)]
+    return [(msg_id, ttl) for msg_id, ttl in found if ttl]
+
+
+@contextmanager
+def _mapped(path: Path) -> Iterator[jf.Buffer]:
+    """The file's bytes, mapped read-only rather than read: recovery copies out only the payloads."""
+    with open(path, "rb") as stream:
+        if os.fstat(stream.fileno()).st_size == 0:
+            yield b""  # an empty file cannot be mapped
+            return
+        with mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            yield data

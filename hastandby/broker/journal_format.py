@@ -9,8 +9,11 @@ instead of refusing to start.
 
 Record types and bodies:
 
-- ``OPEN``: JSON ``{"node": id, "term": n}``, first in every file written
-  and first of every run that appends to a file;
+- ``OPEN``: JSON ``{"node": id, "term": n, "format": 2}``, first in every
+  file written and first of every run that appends to a file.  ``format`` 2
+  writers follow each enqueue run that has messages with a ttl by an
+  ``EXPIRY`` record; the runs of an earlier writer (no ``format``) carry their
+  ttls only in the messages' headers;
 - ``QUEUE``: u32 number, then JSON ``{"uuid", "name"}`` (later records name
   the queue by number);
 - ``ENQUEUE_RUN``: u32 queue number, u32 count, then count u64 replication
@@ -26,29 +29,37 @@ Record types and bodies:
 - ``LINEAGE``: u32 queue number, JSON of the lineage's wire form
   (``lineage.py``);
 - ``TERM``: JSON ``{"term": n}``: the highest term this node has seen;
-- ``CLOSE``: empty: a clean shutdown (the last record of its run).
+- ``CLOSE``: empty: a clean shutdown (the last record of its run);
+- ``EXPIRY``: u32 queue number, u32 count, then count pairs of u64 id and
+  u32 ttl in milliseconds: the messages of the run just before that have a
+  ttl (at a compaction, what was left of it).  A restarted node gives each
+  its ttl again without reading a million headers for the few that have one.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import struct
 import sys
 import zlib
 from array import array
 from itertools import accumulate
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Union
 
-OPEN, QUEUE, ENQUEUE, DEQUEUE, LINEAGE, TERM, CLOSE, ENQUEUE_RUN = range(1, 9)
+OPEN, QUEUE, ENQUEUE, DEQUEUE, LINEAGE, TERM, CLOSE, ENQUEUE_RUN, EXPIRY = range(1, 10)
+FORMAT = 2  # in OPEN records: this writer follows runs with EXPIRY records
 _HEAD = struct.Struct("<IIB")
 _NUMBER = struct.Struct("<I")
 _ENQUEUE = struct.Struct("<IQ")
 _ENQUEUE_HEAD = struct.Struct("<IIBIQ")  # _HEAD then _ENQUEUE
 _RANGE = struct.Struct("<QQ")
+_TTL = struct.Struct("<QI")
 _RUN = struct.Struct("<II")
 _SWAP = sys.byteorder != "little"  # arrays are in the machine's order, the file is little-endian
 MAX_RECORD = 1 << 31
+Buffer = Union[bytes, mmap.mmap]
 _KIND_CRC = [zlib.crc32(bytes([kind])) for kind in range(256)]  # a record's checksum starts with its type byte
 
 
@@ -58,7 +69,7 @@ def record(kind: int, body: bytes) -> bytes:
 
 
 def open_record(node: str, term: int) -> bytes:
-    return record(OPEN, json.dumps({"node": node, "term": term}).encode())
+    return record(OPEN, json.dumps({"node": node, "term": term, "format": FORMAT}).encode())
 
 
 def queue_record(number: int, uuid: str, name: str) -> bytes:
@@ -88,6 +99,11 @@ def dequeue_record(number: int, ranges: Iterable[tuple[int, int]]) -> bytes:
     return record(DEQUEUE, body)
 
 
+def expiry_record(number: int, ttls: list[tuple[int, int]]) -> bytes:
+    """The ttls (id, milliseconds) of messages in the run before it."""
+    return record(EXPIRY, _RUN.pack(number, len(ttls)) + b"".join(_TTL.pack(msg_id, ttl) for msg_id, ttl in ttls))
+
+
 def lineage_record(number: int, wire: list[list[Any]]) -> bytes:
     return record(LINEAGE, _NUMBER.pack(number) + json.dumps(wire).encode())
 
@@ -108,15 +124,23 @@ class Read:
     torn: bool = False  # something after valid_bytes was not a whole, intact record
 
 
-def read_records(stream: BinaryIO, result: Read) -> Iterator[tuple[int, Any]]:
-    """Decoded records, in order, until the end or the first damaged one (``result`` says which).
+def read_records(data: Buffer, result: Read) -> Iterator[tuple[int, Any]]:
+    """Decoded records of ``data`` (a file's bytes, or its mmap), in order, until the end or the first damaged
+    one (``result`` says which).
 
-    The file is read whole and walked by offsets: a restarted node reads a
-    million records here, and two reads and two copies per record were a
-    third of its recovery time.
+    A restarted node reads a million messages here, so the file is walked by
+    offsets: a run's ids, lengths and payloads are taken straight from
+    ``data`` (the journal maps the file instead of reading it into memory
+    first), and only the payloads become bytes objects of their own.
     """
-    data = stream.read()
     view = memoryview(data)
+    try:
+        yield from _walk(data, view, result)
+    finally:
+        view.release()  # an mmap cannot close while a view of it exists
+
+
+def _walk(data: Buffer, view: memoryview, result: Read) -> Iterator[tuple[int, Any]]:
     end = len(data)
     offset = 0
     head = _HEAD.size
@@ -136,14 +160,16 @@ def read_records(stream: BinaryIO, result: Read) -> Iterator[tuple[int, Any]]:
         if length < 1 or length > MAX_RECORD or stop > end or crc32(view[start:stop], kind_crc[kind]) != crc:
             result.torn = True
             return
-        if kind == ENQUEUE and stop >= offset + enqueue_fields:
-            decoded: Any = (number, msg_id, data[offset + enqueue_fields:stop])
-        else:
-            try:
+        try:
+            if kind == ENQUEUE and stop >= offset + enqueue_fields:
+                decoded: Any = (number, msg_id, data[offset + enqueue_fields:stop])
+            elif kind == ENQUEUE_RUN:
+                decoded = _decode_run(data, view, start, stop)
+            else:
                 decoded = _decode(kind, data[start:stop])
-            except (ValueError, struct.error):
-                result.torn = True
-                return
+        except (ValueError, struct.error):
+            result.torn = True
+            return
         offset = stop
         result.valid_bytes = offset
         yield kind, decoded
@@ -158,13 +184,16 @@ def _decode(kind: int, body: bytes) -> Any:
     if kind == ENQUEUE:
         number, msg_id = _ENQUEUE.unpack_from(body)
         return number, msg_id, body[_ENQUEUE.size:]
-    if kind == ENQUEUE_RUN:
-        return _decode_run(body)
     if kind == DEQUEUE:
         number, count = struct.unpack_from("<II", body)
         if len(body) != 8 + count * _RANGE.size:
             raise ValueError("a dequeue record's ranges do not fill it")
         return number, [_RANGE.unpack_from(body, 8 + i * _RANGE.size) for i in range(count)]
+    if kind == EXPIRY:
+        number, count = _RUN.unpack_from(body)
+        if len(body) != _RUN.size + count * _TTL.size:
+            raise ValueError("an expiry record's pairs do not fill it")
+        return number, list(_TTL.iter_unpack(body[_RUN.size:]))
     if kind == LINEAGE:
         (number,) = _NUMBER.unpack_from(body)
         return number, json.loads(body[_NUMBER.size:])
@@ -173,20 +202,20 @@ def _decode(kind: int, body: bytes) -> Any:
     raise ValueError(f"unknown record type {kind}")
 
 
-def _decode_run(body: bytes) -> tuple[int, list[int], list[bytes]]:
-    number, count = _RUN.unpack_from(body)
-    ids_at = _RUN.size
+def _decode_run(data: Buffer, view: memoryview, start: int, stop: int) -> tuple[int, list[int], list[bytes]]:
+    number, count = _RUN.unpack_from(data, start)
+    ids_at = start + _RUN.size
     lengths_at = ids_at + 8 * count
     payloads_at = lengths_at + 4 * count
-    if payloads_at > len(body):
+    if payloads_at > stop:
         raise ValueError("an enqueue run's ids and lengths do not fit it")
     ids, lengths = array("Q"), array("I")
-    ids.frombytes(body[ids_at:lengths_at])
-    lengths.frombytes(body[lengths_at:payloads_at])
+    ids.frombytes(view[ids_at:lengths_at])
+    lengths.frombytes(view[lengths_at:payloads_at])
     if _SWAP:
         ids.byteswap()
         lengths.byteswap()
     ends = list(accumulate(lengths, initial=payloads_at))
-    if ends[-1] != len(body):
+    if ends[-1] != stop:
         raise ValueError("an enqueue run's lengths do not add up to its bytes")
-    return number, ids.tolist(), [body[start:end] for start, end in zip(ends, ends[1:])]
+    return number, ids.tolist(), [data[first:last] for first, last in zip(ends, ends[1:])]

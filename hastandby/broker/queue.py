@@ -27,9 +27,9 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
-from . import sections
 from .completion import Completion
 from .errors import ResourceLimitExceeded
+from .idset import IdSet
 from .lineage import Lineage
 
 
@@ -230,12 +230,13 @@ class Queue:
                 observer.enqueued(self, msg_id, payload, None)
         self._arrived()
 
-    def restore(self, ids: list[int], payloads: list[bytes]) -> None:
+    def restore(self, ids: list[int], payloads: list[bytes], ttls: dict[int, int] | None = None) -> None:
         """Fill an empty queue with messages read back from disk, in increasing id order, in one step.
 
         The journal's recovery gives a restarted node its messages this way: an
-        ``enqueue`` each was a fifth of a million-message recovery.  Nobody
-        observes the queue yet; a message's TTL counts from now.
+        ``enqueue`` each was a fifth of a million-message recovery.  ``ttls``
+        (id -> milliseconds) come from the journal's records, so no header is
+        read here; a ttl counts from now.  Nobody observes the queue yet.
         """
         if self._ids:
             raise ValueError(f"queue {self.name!r} is not empty: nothing to restore into")
@@ -248,13 +249,15 @@ class Queue:
         self.bytes += sum(map(len, payloads))
         self.stats["enqueued"] += len(ids)
         now = time.monotonic()
-        for msg_id, payload in zip(ids, payloads):
-            ttl_ms = sections.header_ttl(payload)
-            if ttl_ms:
-                deadline = now + ttl_ms / 1000.0
-                self._expires[msg_id] = deadline
-                heapq.heappush(self._expiry_heap, (deadline, msg_id))
+        for msg_id, ttl_ms in (ttls or {}).items():
+            deadline = now + ttl_ms / 1000.0
+            self._expires[msg_id] = deadline
+            heapq.heappush(self._expiry_heap, (deadline, msg_id))
         self._arrived()
+
+    def deadlines(self) -> dict[int, float]:
+        """A copy of the expiry deadlines (monotonic seconds) of the messages that have a ttl."""
+        return dict(self._expires)
 
     def _arrived(self) -> None:
         """New messages: consumers get them now, browsers now or once this pass is done."""
@@ -571,6 +574,16 @@ class Queue:
     def ids(self) -> list[int]:
         """Replication ids of the messages on the queue, in order."""
         return [i for i, p in zip(self._ids, self._data) if p is not None]
+
+    def id_set(self) -> IdSet:
+        """The replication ids of the messages on the queue, as runs.
+
+        What a backup offers and a primary compares on every (re)subscribe: for
+        a restarted backup's million messages, building the set from a list
+        of every id was most of the catch-up after its journal's recovery.
+        Without holes the id array itself is the increasing sequence to read.
+        """
+        return IdSet.from_increasing(self.ids() if None in self._data else self._ids)
 
     def page(self, after: int, limit: int) -> list[tuple[int, bytes]]:
         """Up to ``limit`` messages with ids above ``after``, in id order (a bounded read of a long queue)."""

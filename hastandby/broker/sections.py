@@ -84,27 +84,26 @@ def _section_value(buf: bytes, code: int) -> list | None:
 
 def header_ttl(buf: bytes) -> int | None:
     """The header's ``ttl`` in milliseconds, or None; cheap when there is no header."""
-    if not buf.startswith(HEADER_PREFIX) or buf[3] == _EMPTY_LIST:
-        return None
-    if len(buf) > 5 and buf[3] == 0xC0 and buf[5] < 3:  # a list8 of fewer than three fields: no ttl
-        return None
-    fast = _read_header(buf)
-    if fast is not None:
-        return fast[1]
-    fields = _section_value(buf, HEADER) or []
-    ttl = fields[2] if len(fields) > 2 else None
-    return int(ttl) if ttl else None
+    if len(buf) > 5 and buf[3] == 0xC0 and buf[5] < 3 and buf.startswith(HEADER_PREFIX):
+        return None  # a list8 of fewer than three fields: no ttl
+    return header_durable_ttl(buf)[1]
 
 
 def header_durable(buf: bytes) -> bool:
     """The header's ``durable`` flag (False without a header); cheap when there is no header."""
+    return header_durable_ttl(buf)[0]
+
+
+def header_durable_ttl(buf: bytes) -> tuple[bool, int | None]:
+    """The header's ``durable`` flag and ``ttl`` (milliseconds or None) in one read: the journal keeps both."""
     if not buf.startswith(HEADER_PREFIX) or buf[3] == _EMPTY_LIST:
-        return False
+        return False, None
     fast = _read_header(buf)
     if fast is not None:
-        return fast[0]
+        return fast
     fields = _section_value(buf, HEADER) or []
-    return bool(fields[0]) if fields else False
+    ttl = fields[2] if len(fields) > 2 else None
+    return (bool(fields[0]) if fields else False), (int(ttl) if ttl else None)
 
 
 def _read_header(buf: bytes) -> tuple[bool, int | None] | None:

@@ -25,7 +25,6 @@ from hastandby.broker.completion import Completion
 from hastandby.broker.links import take_payload
 from hastandby.broker.queue import Queue
 
-from hastandby.broker.idset import IdSet
 from .protocol import (
     DEQUEUE_TAG,
     IDS_PROPERTY,
@@ -79,7 +78,7 @@ class QueueReplicator:
         self.offered = self.queue.lineage
         properties: dict[Any, Any] = {
             REPLICATE_PROPERTY: True,
-            IDS_PROPERTY: IdSet.from_ids(self.queue.ids()).to_wire(),
+            IDS_PROPERTY: self.queue.id_set().to_wire(),
             LINEAGE_PROPERTY: lineage.to_wire(self.offered),
             TERM_PROPERTY: term,
         }

@@ -75,7 +75,7 @@ class ReplicatingSubscription(BatchingLink):
         # The backup drops its ids from ``trusted_below`` on (lineage.divergence)
         # before our first batch reaches it: only ids below it name our messages.
         backup_ids = backup_ids.below(trusted_below)
-        primary_ids = IdSet.from_ids(queue.ids())
+        primary_ids = queue.id_set()
         self.skip = backup_ids & primary_ids
         self.pending_dequeues = backup_ids - primary_ids
         # What catch-up cost, logged once ready: a restarted backup with a journal should send ~nothing.

@@ -237,7 +237,7 @@ class ReplicaLink:
             # Before a first epoch what the queue holds is not the source's (local messages, or
             # none): offered, the source would take those ids for its own and skip them.  We
             # drop them when the source answers (on_link_remote_open).
-            held = IdSet.from_ids(queue.ids()) if config.epoch else IdSet()
+            held = queue.id_set() if config.epoch else IdSet()
             properties[IDS_PROPERTY] = held.to_wire()
         else:
             if config.max_backlog_count:

@@ -142,8 +142,8 @@ def test_a_torn_journal_tail_costs_only_the_torn_record(node_factory, tmp_path):
     send_durable([node.url], 500)
     node.kill()
     path = data / "journal"
-    with open(path, "rb") as file:  # one pass of the node's events is one record: count what the last holds
-        kind, body = list(jf.read_records(file, jf.Read()))[-1]
+    # One pass of the node's events is one record: count what the last holds.
+    kind, body = list(jf.read_records(path.read_bytes(), jf.Read()))[-1]
     assert kind == jf.ENQUEUE_RUN
     kept = 500 - len(body[1])
     size = path.stat().st_size

@@ -14,8 +14,8 @@ def decoded(buf: bytes) -> tuple[bool, int | None]:
     return (bool(fields[0]) if fields else False), (int(ttl) if ttl else None)
 
 
-@pytest.mark.parametrize("durable,ttl,priority", itertools.product(
-    [False, True], [0, 1, 255, 256, 2500, 2**32 - 1], [None, 4, 9]))
+@pytest.mark.parametrize("durable,ttl,priority", list(itertools.product(
+    [False, True], [0, 1, 255, 256, 2500, 2**32 - 1], [None, 4, 9])))
 def test_proton_encoded_headers(durable, ttl, priority):
     message = Message(body="x", durable=durable, ttl=ttl / 1000)
     if priority is not None:
@@ -25,6 +25,7 @@ def test_proton_encoded_headers(durable, ttl, priority):
         return  # proton left the header out (every field at its default)
     assert sections._read_header(buf) is not None
     assert (sections.header_durable(buf), sections.header_ttl(buf)) == decoded(buf)
+    assert sections.header_durable_ttl(buf) == decoded(buf)
 
 
 @pytest.mark.parametrize("fields", [

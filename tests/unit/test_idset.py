@@ -203,3 +203,8 @@ def test_boundary_after_says_how_far_membership_holds():
         assert all((i in values) == inside for i in range(msg_id, end))
         if boundary is not None:
             assert (boundary in values) != inside
+
+
+@pytest.mark.parametrize("ids", [[], [1], [1, 2, 3, 7, 8, 20], list(range(5, 100_005)) + [200_000]])
+def test_from_increasing_equals_from_ids(ids):
+    assert IdSet.from_increasing(ids) == IdSet.from_ids(ids)

@@ -198,3 +198,51 @@ def test_a_failed_write_rejects_the_waiting_producers_and_refuses_more(tmp_path,
     journal.full and loop.timers.pop(0)()  # the probe: a write works again
     loop.settle(until=lambda: journal.full is None)
     assert produce(registry, "orders", "d") == [] and journal.close() is None
+
+
+def produce_ttl(registry: Registry, queue: str, body: str, ttl: float | None) -> list[str]:
+    outcome: list[str] = []
+    completion = Completion(lambda token: outcome.append("accepted"))
+    message = Message(body=body, durable=True)
+    if ttl is not None:
+        message.ttl = ttl
+    registry.deliver([registry.queues[queue]], bytes(message.encode()), completion)
+    completion.release()
+    return outcome
+
+
+def remaining(registry: Registry) -> dict[int, float]:
+    now = time.monotonic()
+    return {msg_id: round(deadline - now) for msg_id, deadline in registry.queues["orders"].deadlines().items()}
+
+
+def test_ttls_come_back_from_their_records_after_a_restart_and_a_compaction(tmp_path, monkeypatch):
+    registry, journal, loop = node(tmp_path)
+    outcomes = [produce_ttl(registry, "orders", "a", 60.0), produce_ttl(registry, "orders", "b", None),
+                produce_ttl(registry, "orders", "c", 30.0)]
+    loop.settle(until=lambda: all(outcomes))
+    journal.close()
+    again, journal_again, _ = node(tmp_path)
+    assert remaining(again) == {1: 60, 3: 30}, "each ttl counts again from the restart"
+    journal_again.close()
+    monkeypatch.setattr("hastandby.broker.journal.COMPACT_MIN", 0)
+    monkeypatch.setattr("hastandby.broker.journal.COMPACT_FACTOR", 0)  # every start rewrites the file
+    third, journal_third, _ = node(tmp_path)
+    journal_third.close()
+    fourth, journal_fourth, _ = node(tmp_path)
+    assert [body for _, body in bodies(fourth, "orders")] == ["a", "b", "c"]
+    assert remaining(fourth) == {1: 60, 3: 30}, "a compaction keeps what was left of each ttl"
+    journal_fourth.close()
+
+
+def test_an_earlier_writers_runs_get_their_ttls_from_the_headers(tmp_path):
+    from hastandby.broker import journal_format as jf
+
+    payloads = [bytes(Message(body="a", durable=True, ttl=45.0).encode()), encoded("b", True)]
+    (tmp_path / "journal").write_bytes(
+        jf.record(jf.OPEN, b'{"node": "n1", "term": 3}')  # no "format": no EXPIRY records follow its runs
+        + jf.queue_record(1, UUID, "orders") + jf.enqueue_run_record(1, [1, 2], payloads))
+    registry, journal, _ = node(tmp_path)
+    assert [body for _, body in bodies(registry, "orders")] == ["a", "b"]
+    assert remaining(registry) == {1: 45}
+    journal.close()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import io
-
 import pytest
 
 from hastandby.broker import journal_format as jf
@@ -16,6 +14,7 @@ def records() -> bytes:
         jf.enqueue_record(1, 41, b"\x00Sp\xc0\x02\x01Ahello"),
         jf.enqueue_record(1, 42, b""),
         jf.enqueue_run_record(1, [43, 44, 46], [b"\x00Sp\xc0\x02\x01Aa", b"", b"ccc"]),
+        jf.expiry_record(1, [(43, 2500), (46, 2**32 - 1)]),
         jf.dequeue_record(1, [(41, 41), (100, 2**62)]),
         jf.lineage_record(1, [[7, "n1", 1]]),
         jf.term_record(9),
@@ -25,17 +24,18 @@ def records() -> bytes:
 
 def read(data: bytes) -> tuple[list, jf.Read]:
     result = jf.Read()
-    return list(jf.read_records(io.BytesIO(data), result)), result
+    return list(jf.read_records(data, result)), result
 
 
 def test_every_record_type_round_trips():
     found, result = read(records())
     assert found == [
-        (jf.OPEN, {"node": "n1", "term": 7}),
+        (jf.OPEN, {"node": "n1", "term": 7, "format": 2}),
         (jf.QUEUE, (1, {"uuid": "u-1", "name": "orders"})),
         (jf.ENQUEUE, (1, 41, b"\x00Sp\xc0\x02\x01Ahello")),
         (jf.ENQUEUE, (1, 42, b"")),
         (jf.ENQUEUE_RUN, (1, [43, 44, 46], [b"\x00Sp\xc0\x02\x01Aa", b"", b"ccc"])),
+        (jf.EXPIRY, (1, [(43, 2500), (46, 2**32 - 1)])),
         (jf.DEQUEUE, (1, [(41, 41), (100, 2**62)])),
         (jf.LINEAGE, (1, [[7, "n1", 1]])),
         (jf.TERM, {"term": 9}),

@@ -225,13 +225,13 @@ def test_replica_takes_given_ids_in_order_and_drops_duplicates():
     assert q.next_id == 10
 
 
-def test_restore_fills_an_empty_queue_in_order_with_ttls_from_the_headers():
+def test_restore_fills_an_empty_queue_in_order_with_the_ttls_it_is_given():
     from proton import Message
 
     short = bytes(Message(body="short", durable=True, ttl=0.01).encode())
     kept = bytes(Message(body="kept", durable=True).encode())
     q = make()
-    q.restore([4, 7, 9], [kept, short, b"plain"])
+    q.restore([4, 7, 9], [kept, short, b"plain"], {7: 10})
     assert (q.ids(), q.depth, q.next_id) == ([4, 7, 9], 3, 10)
     assert q.bytes == len(kept) + len(short) + len(b"plain")
     import time
@@ -391,3 +391,12 @@ def test_dequeue_ranges_work_by_what_is_held_not_by_the_width_of_the_range():
     assert queue.dequeue_ranges([(3, 4), (9, 2**62)], "replicated") == 4  # a peer's absurd range: cheap
     assert queue.ids() == [1, 2, 5, 6, 7, 8]
     assert queue.dequeue_ranges([(100, 2**62)], "replicated") == 0
+
+
+def test_id_set_reads_the_ids_with_and_without_holes():
+    q = make()
+    for body in (b"a", b"b", b"c", b"d"):
+        q.enqueue(body)
+    assert q.id_set().to_wire() == [1, 4]
+    q.dequeue(2, "consumed")
+    assert q.id_set().to_wire() == [1, 1, 3, 4]
