@@ -65,8 +65,9 @@ class QueueReplay:
             return
         last = self._ids[-1]
         for lo, hi in ranges:
-            if lo <= hi and lo <= last:  # above last nothing is held yet: a later enqueue must survive
-                self._removed.add_range(max(lo, 1), min(hi, last))
+            lo, hi = max(lo, 1), min(hi, last)  # above last nothing is held yet: a later enqueue must survive
+            if lo <= hi:
+                self._removed.add_range(lo, hi)
 
     def result(self) -> tuple[list[int], list[bytes], dict[int, int]]:
         """The messages held, in increasing id order, and the ttls of those that have one: (ids, payloads, ttls)."""

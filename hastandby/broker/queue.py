@@ -583,7 +583,7 @@ class Queue:
         of every id was most of the catch-up after its journal's recovery.
         Without holes the id array itself is the increasing sequence to read.
         """
-        return IdSet.from_increasing(self.ids() if None in self._data else self._ids)
+        return IdSet.from_increasing(self.ids() if self._holes else self._ids)
 
     def page(self, after: int, limit: int) -> list[tuple[int, bytes]]:
         """Up to ``limit`` messages with ids above ``after``, in id order (a bounded read of a long queue)."""
