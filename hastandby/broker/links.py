@@ -34,6 +34,7 @@ _OUTCOMES = (PN_ACCEPTED, PN_REJECTED, PN_RELEASED, PN_MODIFIED)
 _pn_delivery = lib.pn_delivery
 _pn_delivery_tag = lib.pn_delivery_tag
 _pn_delivery_pending = lib.pn_delivery_pending
+_pn_link_current = lib.pn_link_current
 _pn_delivery_partial = lib.pn_delivery_partial
 _pn_delivery_readable = lib.pn_delivery_readable
 _pn_delivery_settled = lib.pn_delivery_settled
@@ -253,6 +254,26 @@ class IncomingLink:
             lib.pn_link_flow(self._impl, self.window - credit)
 
     def on_delivery(self, delivery: Any) -> None:
+        """Take every complete delivery from the link's current one on, whichever delivery the event names.
+
+        Only the link's current delivery can be read (``pn_delivery_readable``
+        is false for any other).  Taking just the event's delivery stalled a
+        durable producer for good, about one 100,000-message run in 50
+        (``benchmarks/durable_fill.py``): 971 complete deliveries were queued
+        behind a current one, every later event named a delivery that was not
+        current yet, and the producer, out of credit, sent nothing more.
+        """
+        impl = self._impl
+        current = _pn_link_current(impl)
+        while current and not self.closed:
+            self._take(current)
+            following = _pn_link_current(impl)
+            if following == current:
+                return  # not taken (partial, fenced): its next event comes back to it
+            current = following
+
+    def _take(self, delivery: Any) -> None:
+        """One delivery, the link's current: taken (the link moves on), or left while partial or fenced."""
         impl = self._impl
         size = _pn_delivery_pending(delivery)
         if _pn_delivery_partial(delivery):
