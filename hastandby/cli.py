@@ -218,7 +218,7 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
     from .security.tls import TlsError, TlsSettings
 
     logs.configure(log_format, log_level)
-    from .lifecycle.supervisor import die_with_supervisor
+    from .lifecycle.supervised import die_with_supervisor
 
     die_with_supervisor()
     if supervise:

@@ -21,7 +21,7 @@ endpoint at most once, and all its attempts together stay within its budget
 (``timeout``, or what the caller gives): each attempt gets an equal share of
 what is left, so a hung first endpoint leaves time for the next one.  A
 retried write is one etcd may already have applied; every write the node
-makes is safe to repeat (see ``coordinator.py``).
+makes is safe to repeat (see ``etcd_coordinator.py``).
 
 Authentication.  With a user, the client authenticates on first use and
 sends the token as ``token`` metadata on every call, its keepalive and watch

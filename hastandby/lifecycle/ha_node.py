@@ -20,7 +20,7 @@ way Qpid is driven by a resource manager.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import structlog
 from proton import Condition, Connection, Link, Terminus, int32, symbol
@@ -39,9 +39,9 @@ from hastandby.client import Login, ManagementClient, ManagementError
 from hastandby.node import Node, split_hostport
 
 from .cluster import Leader, Store
-from .coordinator import CoordinatorError, CoordinatorEvent, EtcdCoordinator, EtcdSettings
+from .coordinator import CoordinatorError, CoordinatorEvent
 from .election import ElectionLoop
-from .supervisor import lease_reporter
+from .supervised import lease_reporter
 from .states import (
     Action,
     Event,
@@ -51,6 +51,9 @@ from .states import (
     initial_status,
     next_status,
 )
+
+if TYPE_CHECKING:
+    from .etcd_client import EtcdSettings
 
 log = structlog.get_logger("hastandby.ha")
 
@@ -140,6 +143,8 @@ class HaNode:
             node.on_start.append(self.election.start)
 
     def _make_election(self, config: HaConfig) -> ElectionLoop:
+        from .etcd_coordinator import EtcdCoordinator  # gRPC and etcd3 load only for a node with --etcd
+
         loop: ElectionLoop | None = None
 
         def notify(event: CoordinatorEvent) -> None:

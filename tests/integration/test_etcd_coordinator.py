@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import pytest
 
 from hastandby.lifecycle.cluster import ClusterKeys
-from hastandby.lifecycle.coordinator import CoordinatorEvent, EtcdCoordinator
+from hastandby.lifecycle.coordinator import CoordinatorEvent
+from hastandby.lifecycle.etcd_coordinator import EtcdCoordinator
 from hastandby.lifecycle.decide import Campaign, decide
 from hastandby.lifecycle.states import NodeStatus, State, next_status
 from tests.support.etcd import EtcdServer

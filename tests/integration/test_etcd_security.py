@@ -30,14 +30,9 @@ from click.testing import CliRunner
 from hastandby.cli import main as cli
 from hastandby.client import Login, ManagementClient, ManagementError
 from hastandby.dr.config import EtcdStore, ReplicationConfig
-from hastandby.lifecycle.coordinator import (
-    CoordinatorError,
-    CoordinatorEvent,
-    CoordinatorUnavailable,
-    EtcdCoordinator,
-    EtcdSettings,
-)
-from hastandby.lifecycle.etcd_client import EtcdClient, EtcdError, etcdrpc
+from hastandby.lifecycle.coordinator import CoordinatorError, CoordinatorEvent, CoordinatorUnavailable
+from hastandby.lifecycle.etcd_client import EtcdClient, EtcdError, EtcdSettings, etcdrpc
+from hastandby.lifecycle.etcd_coordinator import EtcdCoordinator
 from hastandby.lifecycle.states import NodeStatus, State
 from tests.support import auth
 from tests.support.certs import Pki, make_pki
