@@ -28,7 +28,14 @@ run without it (clients and management connect with SASL ANONYMOUS) while
 the current nodes require it as always; the output says so.
 
     python -m benchmarks.ha_throughput [--count 100000] [--runs 3] [--latency-messages 2000]
-        [--baseline-tree PATH]
+        [--baseline-tree PATH | --journal-baseline]
+
+What a journal costs messages that are not durable (``--journal-baseline``,
+issue 14): the same comparison, the baseline being this tree's nodes as
+above and the current ones the same nodes each with a ``--data-dir`` (a
+journal) and every queue declared durable; the messages are not durable, so
+nothing of them is written, and the ratios show what the journal's presence
+costs them.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -95,6 +103,7 @@ class Tree:
     root: Path
     authenticated: bool = True
     baseline: bool = False
+    journal: bool = False  # every node with a --data-dir, the queues durable (the messages stay non-durable)
 
     def env(self) -> dict[str, str]:
         env = python_env()  # the tree's own package before the venv's editable install of /work/main's
@@ -130,6 +139,7 @@ class Tree:
         return {"name": self.name, "root": str(self.root), "commit": git("rev-parse", "HEAD"),
                 "uncommitted_node_changes": git("status", "--porcelain", "--", "hastandby").splitlines(),
                 "hastandby_imported_from": imported, "authentication": self.authenticated,
+                "journal": self.journal,
                 "serve_arguments": [a if not a.startswith(("/", "--users-file=")) else "<run's file>"
                                     for a in self.serve_argv()[4:]]}
 
@@ -164,6 +174,8 @@ def start_nodes(backups: int, logs: Path, tag: str, tree: Tree = CURRENT) -> lis
     else:
         brokers = ",".join(f"{LOOPBACK}:{p}" for p in ports)
         argvs = [base + ["--listen", f"{LOOPBACK}:{p}", "--ha-cluster", "--brokers-url", brokers] for p in ports]
+    if tree.journal:
+        argvs = [argv + ["--data-dir", str(logs / f"{tag}-data" / f"node{i}")] for i, argv in enumerate(argvs)]
     services = [Service(f"node{i}", argv, logs / f"{tag}-node{i}.log", cwd=tree.root, env=tree.env())
                 for i, argv in enumerate(argvs)]
     login = tree.login()
@@ -278,12 +290,15 @@ def measure(config: str, round_no: int, settings: Settings, latency_messages: in
     queues = {"send": f"q-{tag}", "receive": f"q-{tag}", "concurrent": f"c-{tag}"}
     runs = {figure: Run(round_no, label, figure, queues[figure], settings.count) for figure in FIGURES}
     services: list[Service] = []
+    nodes_tag = f"{tree.name}-{config}-r{round_no}"
     try:
-        services = start_nodes(CONFIGURATIONS[config], logs, f"{tree.name}-{config}-r{round_no}", tree)
+        services = start_nodes(CONFIGURATIONS[config], logs, nodes_tag, tree)
         primary = services[0]
         port = primary.port  # type: ignore[attr-defined]
+        declared = {"durable": True} if tree.journal else {}
         for name in set(queues.values()) | {f"lat-{tag}"}:
-            _request(port, "CREATE", "queue", name, {"arguments": {"qpid.replicate": "all"}}, login=tree.login())
+            _request(port, "CREATE", "queue", name, {**declared, "arguments": {"qpid.replicate": "all"}},
+                     login=tree.login())
         for figure in FIGURES:
             run = runs[figure]
             if figure == "receive" and not runs["send"].ok:
@@ -301,6 +316,7 @@ def measure(config: str, round_no: int, settings: Settings, latency_messages: in
     finally:
         for service in services:
             service.stop()
+        shutil.rmtree(logs / f"{nodes_tag}-data", ignore_errors=True)
     for run in runs.values():
         if not run.ok and run.error is None:
             run.error = result["error"] or "not run"
@@ -438,18 +454,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-tree", type=Path, default=None, metavar="PATH",
                         help="also measure nodes started from this source tree (e.g. a git worktree of an older "
                              "commit), alternating with the current ones, and report current/baseline ratios")
+    parser.add_argument("--journal-baseline", action="store_true",
+                        help="what a journal costs messages that are not durable: the current nodes get a "
+                             "--data-dir and durable queues, and the baseline is the same tree without them")
     args = parser.parse_args(argv)
+    if args.baseline_tree and args.journal_baseline:
+        parser.error("--baseline-tree and --journal-baseline are two different baselines: choose one")
     settings = Settings(count=args.count, runs=args.runs, body_size=100, out=args.out, skip_rss=True,
                         rss_messages=1, targets=[])
-    baseline = baseline_tree(args.baseline_tree) if args.baseline_tree else None
+    current = CURRENT
+    if args.journal_baseline:
+        current, baseline = Tree("current", REPO_ROOT, journal=True), Tree("baseline", REPO_ROOT, baseline=True)
+    else:
+        baseline = baseline_tree(args.baseline_tree) if args.baseline_tree else None
     for name in ("send-bench", "receive-bench"):
         cexamples.build(name)
     started = datetime.now(UTC)
     host_at_start = host_info()
-    trees_at_start = {tree.name: tree.describe() for tree in (CURRENT, baseline) if tree}
+    trees_at_start = {tree.name: tree.describe() for tree in (current, baseline) if tree}
     logs = Path(tempfile.mkdtemp(prefix="ha-throughput-logs-"))
     print(f"ha throughput: {args.count:,} x 100-byte messages, {args.runs} rounds, node logs in {logs}", flush=True)
-    if baseline:
+    if args.journal_baseline:
+        print("baseline: these nodes without --data-dir; current: the same with --data-dir and durable queues, "
+              "the messages not durable; alternating baseline and current runs", flush=True)
+    elif baseline:
         info = trees_at_start["baseline"]
         print(f"baseline: {baseline.root} at {info['commit'][:7]} "
               f"({'with' if baseline.authenticated else 'WITHOUT'} authentication), against current "
@@ -465,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
                 if baseline is None:
                     results.append(measure(config, round_no, settings, args.latency_messages, logs))
                     continue
-                order = (baseline, CURRENT) if pair % 2 == 0 else (CURRENT, baseline)
+                order = (baseline, current) if pair % 2 == 0 else (current, baseline)
                 pair += 1
                 for tree in order:
                     results.append(measure(config, round_no, settings, args.latency_messages, logs, tree,
@@ -490,7 +518,8 @@ def main(argv: list[str] | None = None) -> int:
         baseline_summary = summarize(results, "baseline")
         print_summary(baseline_summary, f"baseline {trees_at_start['baseline']['commit'][:7]} "
                                         f"({'with' if baseline.authenticated else 'without'} authentication): ")
-        print_summary(summary, f"current {trees_at_start['current']['commit'][:7]} (authentication required): ")
+        print_summary(summary, f"current {trees_at_start['current']['commit'][:7]} (authentication required"
+                               f"{', a journal, durable queues' if current.journal else ''}): ")
         comparison = compare(results, summary, baseline_summary)
         print_comparison(comparison, baseline)
         report["baseline_summary"] = baseline_summary
@@ -498,11 +527,11 @@ def main(argv: list[str] | None = None) -> int:
         report["goal"] = {"tolerance": GOAL_TOLERANCE,
                           "rule": "msg/s ratio current/baseline >= 0.95; ack latency ratio <= 1.05 (ratio of medians)",
                           "baseline_authentication": baseline.authenticated,
-                          "current_authentication": True}
+                          "current_authentication": True, "current_journal": current.journal}
     else:
         print_summary(summary)
     report["rounds"] = results
-    trees_at_end = {tree.name: tree.describe() for tree in (CURRENT, baseline) if tree}
+    trees_at_end = {tree.name: tree.describe() for tree in (current, baseline) if tree}
     if trees_at_end != trees_at_start:
         report["node_code_changed_during_run"] = trees_at_end
         print("WARNING: a tree's node code changed during the run; rounds before and after ran different code",
