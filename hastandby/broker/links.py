@@ -83,6 +83,36 @@ def take_payload(link: Any, size: int) -> bytes:
     return _unpack(buf, size)
 
 
+def take_deliveries(link: Any, take: Callable[[Any], bool]) -> None:
+    """Hot path: ``take`` the link's current delivery, then each one the link moves on to.
+
+    Only the link's current delivery can be read (``pn_delivery_readable`` is
+    false for any other), and a delivery event may name any of the link's
+    deliveries.  A receiver that took just the delivery its event named stalled
+    for good, about one 100,000-message durable run in 50:
+    ``benchmarks/durable_fill.py`` caught a node's link with 971
+    complete deliveries queued behind its current one, every later event naming
+    a delivery that was not current yet, and the producer, out of credit, sent
+    nothing more.  So every receiver takes every complete delivery from the
+    link's current one on, whichever delivery the event named.
+
+    ``take(delivery)`` either takes the delivery (``take_payload`` moves the
+    link on) or leaves it (partial, not readable, fenced): then the link's
+    current delivery has not moved and the pass ends; that delivery's next
+    event comes back to it.  ``take`` returns True once the receiver has let go
+    of the link (closed, failed or refused it): the pass ends without touching
+    the link again.
+    """
+    current = _pn_link_current(link)
+    while current:
+        if take(current):
+            return
+        following = _pn_link_current(link)
+        if following == current:
+            return
+        current = following
+
+
 def receive_whole(impl: Any) -> tuple[Delivery, bytes] | None:
     """For low-rate links (management, wiring): the message of a complete delivery.
 
@@ -254,42 +284,30 @@ class IncomingLink:
             lib.pn_link_flow(self._impl, self.window - credit)
 
     def on_delivery(self, delivery: Any) -> None:
-        """Take every complete delivery from the link's current one on, whichever delivery the event names.
+        """Every complete delivery from the link's current one on, whichever ``delivery`` the event names
+        (``take_deliveries``)."""
+        if not self.closed:
+            take_deliveries(self._impl, self._take)
 
-        Only the link's current delivery can be read (``pn_delivery_readable``
-        is false for any other).  Taking just the event's delivery stalled a
-        durable producer for good, about one 100,000-message run in 50
-        (``benchmarks/durable_fill.py``): 971 complete deliveries were queued
-        behind a current one, every later event named a delivery that was not
-        current yet, and the producer, out of credit, sent nothing more.
-        """
-        impl = self._impl
-        current = _pn_link_current(impl)
-        while current and not self.closed:
-            self._take(current)
-            following = _pn_link_current(impl)
-            if following == current:
-                return  # not taken (partial, fenced): its next event comes back to it
-            current = following
-
-    def _take(self, delivery: Any) -> None:
-        """One delivery, the link's current: taken (the link moves on), or left while partial or fenced."""
+    def _take(self, delivery: Any) -> bool:
+        """One delivery, the link's current: taken (the link moves on), or left while partial or fenced.
+        True once this link is closed (``take_deliveries``)."""
         impl = self._impl
         size = _pn_delivery_pending(delivery)
         if _pn_delivery_partial(delivery):
             if self.max_message_size and size > self.max_message_size:
                 self._too_big(delivery)
-            return
+            return self.closed
         if not _pn_delivery_readable(delivery):
-            return
+            return self.closed
         if self.max_message_size and size > self.max_message_size:
             self._too_big(delivery)
-            return
+            return self.closed
         if _monotonic() > self.fence.until:
             # Past the fence: take nothing (fence.py).  The transfer stays
             # unsettled and the producer sends it again to the next primary.
             self.on_fenced(self.link.connection)
-            return
+            return self.closed
         data = take_payload(impl, size)
         credit = _pn_link_credit(impl)
         if credit < self.window // 2:
@@ -301,21 +319,22 @@ class IncomingLink:
             # proton's reconnect re-sends an in-doubt delivery as an empty transfer:
             # no message, nothing to queue (a consumer could not decode it).
             _reject(delivery, InvalidArgument("an empty transfer is not a message"))
-            return
+            return self.closed
         if _pn_delivery_settled(delivery):
             try:
                 self._route(data, None)
             except BrokerError:
                 pass  # at-most-once: the sender asked for no outcome
             _pn_delivery_settle(delivery)
-            return
+            return self.closed
         completion = Completion(self._accept, delivery, self._refused)
         try:
             self._route(data, completion)
         except BrokerError as error:
             _reject(delivery, error)
-            return
+            return self.closed
         completion.release()
+        return self.closed
 
     def _route(self, data: bytes, completion: Completion | None) -> None:
         registry = self.registry

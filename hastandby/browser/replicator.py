@@ -22,7 +22,7 @@ import structlog
 
 from hastandby.broker import lineage, sections
 from hastandby.broker.completion import Completion
-from hastandby.broker.links import take_payload
+from hastandby.broker.links import take_deliveries, take_payload
 from hastandby.broker.queue import Queue
 
 from .protocol import (
@@ -107,9 +107,16 @@ class QueueReplicator:
         queue.lineage = theirs
 
     def on_delivery(self, delivery: Any) -> None:
-        """Hot path: one call per batch of messages, as few calls per message as it takes."""
+        """Every complete batch from the link's current delivery on, whichever ``delivery`` the event
+        names (``take_deliveries``: taking only the event's could leave batches unread for good)."""
+        take_deliveries(self._impl, self._take)
+
+    def _take(self, delivery: Any) -> bool:
+        """Hot path: one batch of messages, as few calls per message as it takes.  The link's current
+        delivery: taken (the link moves on), or left while partial.  True once the link is let go of
+        (closed, or the primary refused)."""
         if _pn_delivery_partial(delivery) or not _pn_delivery_readable(delivery):
-            return
+            return self.closed
         impl = self._impl
         data = take_payload(impl, _pn_delivery_pending(delivery))
         tag = _pn_delivery_tag(delivery)
@@ -123,13 +130,14 @@ class QueueReplicator:
                 self._enqueue_batch(data, delivery)
         except ProtocolError as error:
             self._refused(error)
-            return
+            return True
         # Each delivery took one credit: count them here instead of asking the
         # engine every time, and top up once half the window is used.
         self._unflowed += 1
         if self._unflowed >= CREDIT_WINDOW // 2:
             lib.pn_link_flow(impl, self._unflowed)
             self._unflowed = 0
+        return self.closed
 
     def _enqueue_batch(self, data: bytes, delivery: Any) -> None:
         """Store a batch; it is accepted once every message is on the replica for good (one completion:

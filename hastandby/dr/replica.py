@@ -39,7 +39,7 @@ from hastandby.broker.completion import Completion
 from hastandby.broker.driver import Driver
 from hastandby.broker.errors import BrokerError
 from hastandby.broker.fence import Fence
-from hastandby.broker.links import delivery_tag, take_payload
+from hastandby.broker.links import delivery_tag, take_deliveries, take_payload
 from hastandby.broker.outbound import Address, Outbound
 from hastandby.broker.queue import MAX_MSG_ID, Queue
 from hastandby.broker.registry import Registry
@@ -358,9 +358,20 @@ class ReplicaLink:
     # -- deliveries (driver endpoint) ----------------------------------------------------------
 
     def on_delivery(self, delivery: Any) -> None:
+        """Every complete delivery from the link's current one on, whichever ``delivery`` the event
+        names (``take_deliveries``: taking only the event's could leave batches unread for good)."""
         impl = self._impl
-        if impl is None or lib.pn_delivery_partial(delivery) or not lib.pn_delivery_readable(delivery):
-            return
+        if impl is not None:
+            take_deliveries(impl, self._take)
+
+    def _take(self, delivery: Any) -> bool:
+        """The link's current delivery: taken (the link moves on), or left while partial.  True once
+        the link is dropped (refused, failed, fenced: ``_drop_link``)."""
+        impl = self._impl
+        if impl is None:
+            return True
+        if lib.pn_delivery_partial(delivery) or not lib.pn_delivery_readable(delivery):
+            return False
         data = take_payload(impl, lib.pn_delivery_pending(delivery))
         tag = delivery_tag(delivery)
         credit = lib.pn_link_credit(impl)
@@ -382,6 +393,7 @@ class ReplicaLink:
                 self._enqueue_batch(delivery, data)
         except Refusal as refusal:
             self._refuse(refusal)
+        return self._impl is not impl
 
     def _enqueue_batch(self, delivery: Any, data: bytes) -> None:
         """Store a batch of source messages; one completion acknowledges them all."""
