@@ -40,10 +40,19 @@ from hastandby.node import Node, split_hostport
 
 from .cluster import Leader, Store
 from .coordinator import CoordinatorError, CoordinatorEvent
+from .effects import perform
 from .election import ElectionLoop
+from .promotion import (
+    AlreadyPrimary,
+    ForceStart,
+    HandOver,
+    PromoteNow,
+    Refuse,
+    operator_term,
+    plan_promotion,
+)
 from .supervised import lease_reporter
 from .states import (
-    Action,
     Event,
     IllegalTransition,
     NodeStatus,
@@ -237,53 +246,51 @@ class HaNode:
             self.node.journal.term_seen(self.status.term)
         if transition.changed:
             log.info("state change", previous=str(transition.previous), now=str(self.status), trigger=str(event))
-        for action in transition.actions:
-            self._perform(action)
-        if transition.previous.state is State.PRIMARY and self.status.state is State.CONNECTING:
-            self.backup.start()  # stepped down: look for the new primary and follow it
+        perform(transition.actions, self)
         return True
 
-    def _perform(self, action: Action) -> None:
-        if action is Action.STOP_REPLICATION:
-            if self.status.state in (State.PRIMARY, State.STOPPED):
-                self.backup.stop()
-        elif action is Action.START_GUARDING:
-            self._become_primary()
-        elif action is Action.ADMIT_CLIENTS:
-            self._set_admitting(True)
-        elif action is Action.EXCLUDE_CLIENTS:
-            self._set_admitting(False)
-            self._close_clients()
-        elif action is Action.STOP_SERVING_BACKUPS:
-            if self.primary is not None:
-                self.primary.stop()
-                self.primary = None
-        elif self.election is not None:
-            self._perform_election(action)
-        # START_REPLICATION: the wiring link is already flowing when the primary says hello.
-        # DROP_MISSING_BACKUPS: PrimaryReplication drops them when its timeout fires.
-        # Without etcd, PUBLISH_STATUS, RESIGN and REVOKE_LEASE have nothing to do.
+    # -- the table's actions (effects.RoleEffects); without etcd the last three have nothing to do ----------
 
-    def _perform_election(self, action: Action) -> None:
-        election = self.election
-        assert election is not None
-        if action is Action.PUBLISH_STATUS:
-            election.wake()
-        elif action is Action.RESIGN:
-            term = self.status.term
+    def exclude_clients(self) -> None:
+        self._set_admitting(False)
+        self._close_clients()
+
+    def admit_clients(self) -> None:
+        self._set_admitting(True)
+
+    def stop_replication(self) -> None:
+        self.backup.stop()
+
+    def look_for_primary(self) -> None:
+        self.backup.start()
+
+    def start_guarding(self) -> None:
+        self._become_primary()
+
+    def stop_serving_backups(self) -> None:
+        if self.primary is not None:
+            self.primary.stop()
+            self.primary = None
+
+    def publish_status(self) -> None:
+        if self.election is not None:
+            self.election.wake()
+
+    def resign(self) -> None:
+        election, term = self.election, self.status.term
+        if election is not None:
             election.request(lambda: election.coordinator.resign(term))
-        elif action is Action.REVOKE_LEASE:
-            election.stop(revoke=True)
+
+    def revoke_lease(self) -> None:
+        if self.election is not None:
+            self.election.stop(revoke=True)
 
     def _halt(self, reason: str) -> None:
         """Stop replication and client service: better no role than an undefined one."""
         self.halted = reason
-        self._set_admitting(False)
-        self.backup.stop()
-        if self.primary is not None:
-            self.primary.stop()
-            self.primary = None
-        self._close_clients()
+        self.exclude_clients()
+        self.stop_replication()
+        self.stop_serving_backups()
         log.error("replication halted", reason=reason)
 
     def _set_admitting(self, admitting: bool) -> None:
@@ -378,20 +385,22 @@ class HaNode:
         self.fire(Event.EXPECTED_BACKUPS_TIMED_OUT if timed_out else Event.EXPECTED_BACKUPS_READY)
 
     def _promote(self, request: Request) -> tuple[int, Any] | Deferred:
-        state = self.status.state
-        if state is State.PRIMARY:
+        """``PROMOTE``: the plan is ``promotion.plan_promotion``'s; this carries it out."""
+        plan = plan_promotion(self.status, self.halted, self.election is not None, bool(request.body.get("force")))
+        if isinstance(plan, AlreadyPrimary):
             return 200, {"state": "primary", "message": "already primary"}
-        if self.halted:
-            raise NotPromotable(f"replication is halted: {self.halted}")
-        if state is State.CATCHUP:
-            raise NotPromotable("still catching up, cannot be promoted")
-        if self.election is not None:
-            if request.body.get("force"):
-                return self._force_start(state)
-            return self._hand_over(state)
-        if state is State.BACKUP:
-            return self._promote_now(Event.PROMOTED_BY_OPERATOR)
-        # A connecting node: ask the others first, off the reactor thread (they may not answer for a while).
+        if isinstance(plan, Refuse):
+            raise NotPromotable(plan.reason)
+        if isinstance(plan, ForceStart):
+            return self._force_start()
+        if isinstance(plan, HandOver):
+            return self._hand_over()
+        if isinstance(plan, PromoteNow):
+            return self._promote_now(plan.event)
+        return self._check_then_promote(plan.event)
+
+    def _check_then_promote(self, event: Event) -> Deferred:
+        """Ask the other nodes first, off the reactor thread (they may not answer for a while)."""
         reply = Deferred()
 
         def checked(_: Any, error: Exception | None) -> None:
@@ -400,7 +409,7 @@ class HaNode:
                     raise error
                 if error is not None:
                     raise NotPromotable(f"cannot check the other nodes: {error}")
-                code, body = self._promote_now(Event.PROMOTED_BY_OPERATOR_NEW_CLUSTER)
+                code, body = self._promote_now(event)
             except BrokerError as failure:
                 reply.fail(failure)
                 return
@@ -411,28 +420,26 @@ class HaNode:
         return reply
 
     def _promote_now(self, event: Event) -> tuple[int, Any]:
-        term = max([self.status.term] + [int(m.get("term", 0) or 0) for m in self.members]) + 1
+        term = operator_term(self.status, (int(m.get("term", 0) or 0) for m in self.members))
         if not self.fire(event, term):
             raise NotPromotable(f"cannot promote from {self.status}")
         log.info("promoted by operator", term=term)
         return 200, self._status()
 
-    def _hand_over(self, state: State) -> tuple[int, Any]:
+    def _hand_over(self) -> tuple[int, Any]:
         """With etcd, promotion is a handover: the primary steps down, this node wins."""
-        if state is not State.BACKUP:
-            raise NotPromotable(f"only a caught-up backup can take over; this node is {state}")
+        state = self.status.state
         election = self.election
         assert election is not None
         me = self.node.node_id
         election.request(lambda: election.coordinator.set_handover(me, ttl=10))
         return 202, {"state": str(state), "message": "handover requested; the primary steps down"}
 
-    def _force_start(self, state: State) -> Deferred:
+    def _force_start(self) -> Deferred:
         """``promote --force``: a restarted cluster waits for a sync member that holds the latest store; the
         operator names this node instead.  The sync set becomes this node alone (only while there is no
         leader), so it may start the cluster; what only the absent members held is lost if they never return."""
-        if state is not State.CONNECTING:
-            raise NotPromotable(f"--force starts a restarted cluster; this node is {state}")
+        state = self.status.state
         election = self.election
         assert election is not None
         snapshot = election.snapshot

@@ -87,10 +87,15 @@ class Event(StrEnum):
 
 
 class Action(StrEnum):
-    """Work the node loop must do for a transition, in the order given.
+    """Work the node loop must do for a transition, in the order given: every effect a role change has.
 
-    Actions take their parameters from the new ``NodeStatus`` (e.g. the term)
-    or from the node loop's latest cluster snapshot (e.g. expected backups).
+    ``effects.perform`` is the one interpreter.  Actions take their parameters
+    from the new ``NodeStatus`` (e.g. the term) or from the node loop's latest
+    cluster snapshot (e.g. expected backups).  What causes an event is not an
+    action of it: replication from a primary starts with the primary's hello,
+    which is what ``connected_to_primary`` reports, and a recovering primary's
+    replication drops the expected backups that never reconnected when its
+    backup timeout fires, which ``expected_backups_timed_out`` then reports.
     """
 
     #: Close client connections, so that no acknowledgement leaves this node
@@ -98,17 +103,14 @@ class Action(StrEnum):
     EXCLUDE_CLIENTS = "exclude_clients"
     #: Accept client connections.
     ADMIT_CLIENTS = "admit_clients"
-    #: Replicate wiring and queues from the primary of ``status.term`` over the
-    #: link just opened.
-    START_REPLICATION = "start_replication"
     #: Close replication from the primary; keep every replica as it is.
     STOP_REPLICATION = "stop_replication"
+    #: Look for the primary and replicate from it (a primary that stepped down
+    #: becomes a backup of the next one).
+    LOOK_FOR_PRIMARY = "look_for_primary"
     #: Guard every replicated queue for the expected backups (the members that
     #: are ``backup`` in the latest snapshot) before clients are admitted.
     START_GUARDING = "start_guarding"
-    #: Cancel the guards of expected backups that never connected (their held
-    #: messages complete) and tell them they are dropped.
-    DROP_MISSING_BACKUPS = "drop_missing_backups"
     #: Close the replicating subscriptions of all backups and cancel their
     #: guards without completing held messages (a primary stepping down).
     STOP_SERVING_BACKUPS = "stop_serving_backups"
@@ -154,7 +156,7 @@ _A = Action
 _BECOME_PRIMARY = (_A.STOP_REPLICATION, _A.START_GUARDING, _A.ADMIT_CLIENTS, _A.PUBLISH_STATUS)
 # Clients go first: once they are excluded this node acknowledges nothing, and
 # only then may the leader key go to someone else.
-_STEP_DOWN = (_A.EXCLUDE_CLIENTS, _A.STOP_SERVING_BACKUPS, _A.RESIGN, _A.PUBLISH_STATUS)
+_STEP_DOWN = (_A.EXCLUDE_CLIENTS, _A.STOP_SERVING_BACKUPS, _A.RESIGN, _A.PUBLISH_STATUS, _A.LOOK_FOR_PRIMARY)
 _PRIMARY_STOP = (_A.EXCLUDE_CLIENTS, _A.STOP_SERVING_BACKUPS, _A.REVOKE_LEASE)
 _BACKUP_STOP = (_A.STOP_REPLICATION, _A.REVOKE_LEASE)
 
@@ -165,9 +167,7 @@ TRANSITIONS: dict[Phase, dict[Event, _Row]] = {
         Event.STOP: _Row(STOPPED),
     },
     CONNECTING: {
-        Event.CONNECTED_TO_PRIMARY: _Row(
-            CATCHUP, (_A.START_REPLICATION, _A.PUBLISH_STATUS), _TermRule.FOLLOW
-        ),
+        Event.CONNECTED_TO_PRIMARY: _Row(CATCHUP, (_A.PUBLISH_STATUS,), _TermRule.FOLLOW),
         Event.WON_ELECTION_NEW_CLUSTER: _Row(PRIMARY_RECOVERING, _BECOME_PRIMARY, _TermRule.WIN),
         Event.PROMOTED_BY_OPERATOR_NEW_CLUSTER: _Row(
             PRIMARY_RECOVERING, _BECOME_PRIMARY, _TermRule.WIN
@@ -180,11 +180,12 @@ TRANSITIONS: dict[Phase, dict[Event, _Row]] = {
     },
     CATCHUP: {
         # Reconnected, possibly to a new primary: carry on catching up.
-        Event.CONNECTED_TO_PRIMARY: _Row(CATCHUP, (_A.START_REPLICATION,), _TermRule.FOLLOW),
+        Event.CONNECTED_TO_PRIMARY: _Row(CATCHUP, (), _TermRule.FOLLOW),
         Event.CAUGHT_UP: _Row(BACKUP, (_A.PUBLISH_STATUS,)),
         # Stays catchup while reconnecting (as in Qpid); never campaigns,
-        # never promoted: "still catching up".
-        Event.PRIMARY_LOST: _Row(CATCHUP, (_A.STOP_REPLICATION,)),
+        # never promoted: "still catching up".  Its replication reconnects by
+        # itself, keeping every replica.
+        Event.PRIMARY_LOST: _Row(CATCHUP),
         Event.DROPPED_BY_PRIMARY: _Row(CATCHUP),
         Event.LOST_LEASE: _Row(CATCHUP),
         Event.STOP: _Row(STOPPED, _BACKUP_STOP),
@@ -192,21 +193,19 @@ TRANSITIONS: dict[Phase, dict[Event, _Row]] = {
     BACKUP: {
         # A new primary that expected this backup guards for it, so the backup
         # stays ready; one that did not says so with DROPPED_BY_PRIMARY.
-        Event.CONNECTED_TO_PRIMARY: _Row(BACKUP, (_A.START_REPLICATION,), _TermRule.FOLLOW),
+        Event.CONNECTED_TO_PRIMARY: _Row(BACKUP, (), _TermRule.FOLLOW),
         Event.CAUGHT_UP: _Row(BACKUP),
         Event.WON_ELECTION: _Row(PRIMARY_RECOVERING, _BECOME_PRIMARY, _TermRule.WIN),
         Event.PROMOTED_BY_OPERATOR: _Row(PRIMARY_RECOVERING, _BECOME_PRIMARY, _TermRule.WIN),
         # Stays backup, and so eligible, while the primary is replaced.
-        Event.PRIMARY_LOST: _Row(BACKUP, (_A.STOP_REPLICATION,)),
+        Event.PRIMARY_LOST: _Row(BACKUP),
         Event.DROPPED_BY_PRIMARY: _Row(CATCHUP, (_A.PUBLISH_STATUS,)),
         Event.LOST_LEASE: _Row(BACKUP),
         Event.STOP: _Row(STOPPED, _BACKUP_STOP),
     },
     PRIMARY_RECOVERING: {
         Event.EXPECTED_BACKUPS_READY: _Row(PRIMARY_ACTIVE, (_A.PUBLISH_STATUS,)),
-        Event.EXPECTED_BACKUPS_TIMED_OUT: _Row(
-            PRIMARY_ACTIVE, (_A.DROP_MISSING_BACKUPS, _A.PUBLISH_STATUS)
-        ),
+        Event.EXPECTED_BACKUPS_TIMED_OUT: _Row(PRIMARY_ACTIVE, (_A.PUBLISH_STATUS,)),
         # Qpid ignores promoting a primary; so do we.
         Event.PROMOTED_BY_OPERATOR: _Row(PRIMARY_RECOVERING),
         Event.PROMOTED_BY_OPERATOR_NEW_CLUSTER: _Row(PRIMARY_RECOVERING),

@@ -46,23 +46,19 @@ stop                             stopped    stopped    stopped    stopped    sto
 
 A = Action
 BECOME_PRIMARY = (A.STOP_REPLICATION, A.START_GUARDING, A.ADMIT_CLIENTS, A.PUBLISH_STATUS)
-STEP_DOWN = (A.EXCLUDE_CLIENTS, A.STOP_SERVING_BACKUPS, A.RESIGN, A.PUBLISH_STATUS)
+STEP_DOWN = (A.EXCLUDE_CLIENTS, A.STOP_SERVING_BACKUPS, A.RESIGN, A.PUBLISH_STATUS, A.LOOK_FOR_PRIMARY)
 
 #: Actions of every legal cell that has any; the others must have none.
 ACTIONS: dict[tuple[str, Event], tuple[Action, ...]] = {
-    ("connecting", Event.CONNECTED_TO_PRIMARY): (A.START_REPLICATION, A.PUBLISH_STATUS),
-    ("catchup", Event.CONNECTED_TO_PRIMARY): (A.START_REPLICATION,),
-    ("backup", Event.CONNECTED_TO_PRIMARY): (A.START_REPLICATION,),
+    ("connecting", Event.CONNECTED_TO_PRIMARY): (A.PUBLISH_STATUS,),
     ("catchup", Event.CAUGHT_UP): (A.PUBLISH_STATUS,),
     ("backup", Event.WON_ELECTION): BECOME_PRIMARY,
     ("connecting", Event.WON_ELECTION_NEW_CLUSTER): BECOME_PRIMARY,
     ("backup", Event.PROMOTED_BY_OPERATOR): BECOME_PRIMARY,
     ("connecting", Event.PROMOTED_BY_OPERATOR_NEW_CLUSTER): BECOME_PRIMARY,
-    ("catchup", Event.PRIMARY_LOST): (A.STOP_REPLICATION,),
-    ("backup", Event.PRIMARY_LOST): (A.STOP_REPLICATION,),
     ("backup", Event.DROPPED_BY_PRIMARY): (A.PUBLISH_STATUS,),
     ("recovering", Event.EXPECTED_BACKUPS_READY): (A.PUBLISH_STATUS,),
-    ("recovering", Event.EXPECTED_BACKUPS_TIMED_OUT): (A.DROP_MISSING_BACKUPS, A.PUBLISH_STATUS),
+    ("recovering", Event.EXPECTED_BACKUPS_TIMED_OUT): (A.PUBLISH_STATUS,),
     ("recovering", Event.LOST_LEASE): STEP_DOWN,
     ("active", Event.LOST_LEASE): STEP_DOWN,
     ("recovering", Event.DEMOTED): STEP_DOWN,
