@@ -1,0 +1,233 @@
+"""What a cluster node adds to management: ``PROMOTE``, a backup's guard on replicated objects, and the ``ha``
+parts of ``STATUS`` and ``QUERY``.
+
+Kept apart from ``HaNode`` (the role and its state table) because these are
+the operator's door, not the node's role: what an operator's promotion is
+allowed to do is ``promotion.plan_promotion``'s pure decision, and this class
+carries the plan out (a handover through etcd, a forced start, a promotion
+now or after asking the other nodes).  A backup's admins may read it (browse,
+query) but not change what the primary replicates to it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from proton import Link, Terminus
+
+from hastandby.broker.errors import BrokerError, NotAllowed
+from hastandby.broker.management import MUTATING, Deferred, Request
+from hastandby.broker.outbound import Address
+from hastandby.broker.queue import Queue
+from hastandby.broker.registry import REPLICATE
+from hastandby.client import Login, ManagementClient, ManagementError
+
+from .coordinator import CoordinatorError
+from .promotion import AlreadyPrimary, ForceStart, HandOver, PromoteNow, Refuse, operator_term, plan_promotion
+from .states import Event
+
+if TYPE_CHECKING:
+    from .ha_node import HaNode
+
+log = structlog.get_logger("hastandby.ha")
+
+
+class NotPromotable(BrokerError):
+    condition = "amqp:precondition-failed"
+    status = 409
+
+
+class ClusterManagement:
+    """The management hooks of one cluster node (``HaNode.management``)."""
+
+    def __init__(self, ha: HaNode) -> None:
+        self.ha = ha
+        self.node = ha.node
+        management = ha.node.management
+        management.guards.append(self.guard)
+        management.register("PROMOTE", self.promote)
+        management.query_extras["ha"] = self.describe
+        ha.node.status_extras.append(self.status)
+
+    def promote(self, request: Request) -> tuple[int, Any] | Deferred:
+        """``PROMOTE``: the plan is ``promotion.plan_promotion``'s; this carries it out."""
+        ha = self.ha
+        plan = plan_promotion(ha.status, ha.halted, ha.election is not None, bool(request.body.get("force")))
+        if isinstance(plan, AlreadyPrimary):
+            return 200, {"state": "primary", "message": "already primary"}
+        if isinstance(plan, Refuse):
+            raise NotPromotable(plan.reason)
+        if isinstance(plan, ForceStart):
+            return self._force_start()
+        if isinstance(plan, HandOver):
+            return self._hand_over()
+        if isinstance(plan, PromoteNow):
+            return self._promote_now(plan.event)
+        return self._check_then_promote(plan.event)
+
+    def _check_then_promote(self, event: Event) -> Deferred:
+        """Ask the other nodes first, off the reactor thread (they may not answer for a while)."""
+        reply = Deferred()
+
+        def checked(_: Any, error: Exception | None) -> None:
+            try:
+                if isinstance(error, BrokerError):
+                    raise error
+                if error is not None:
+                    raise NotPromotable(f"cannot check the other nodes: {error}")
+                code, body = self._promote_now(event)
+            except BrokerError as failure:
+                reply.fail(failure)
+                return
+            reply.resolve(code, body)
+
+        addresses, login = self.ha.other_addresses(), self._peer_login()
+        self.node.blocking.run(lambda: _check_fresh_cluster(addresses, login), checked)
+        return reply
+
+    def _promote_now(self, event: Event) -> tuple[int, Any]:
+        term = operator_term(self.ha.status, (int(m.get("term", 0) or 0) for m in self.ha.members))
+        if not self.ha.fire(event, term):
+            raise NotPromotable(f"cannot promote from {self.ha.status}")
+        log.info("promoted by operator", term=term)
+        return 200, self.status()
+
+    def _hand_over(self) -> tuple[int, Any]:
+        """With etcd, promotion is a handover: the primary steps down, this node wins."""
+        state = self.ha.status.state
+        election = self.ha.election
+        assert election is not None
+        me = self.node.node_id
+        election.request(lambda: election.coordinator.set_handover(me, ttl=10))
+        return 202, {"state": str(state), "message": "handover requested; the primary steps down"}
+
+    def _force_start(self) -> Deferred:
+        """``promote --force``: a restarted cluster waits for a sync member that holds the latest store; the
+        operator names this node instead.  The sync set becomes this node alone (only while there is no
+        leader), so it may start the cluster; what only the absent members held is lost if they never return."""
+        state = self.ha.status.state
+        election = self.ha.election
+        assert election is not None
+        snapshot = election.snapshot
+        absent = sorted(snapshot.sync.members - {m.node_id for m in snapshot.members}) \
+            if snapshot is not None and snapshot.sync is not None else []
+        reply = Deferred()
+
+        def force() -> None:
+            try:
+                written = election.coordinator.force_sync()
+            except CoordinatorError as error:
+                refused = NotPromotable(f"etcd refused the forced start: {error}")
+                self.node.driver.call_soon_threadsafe(lambda: reply.fail(refused))
+                return
+            if not written:
+                self.node.driver.call_soon_threadsafe(
+                    lambda: reply.fail(NotPromotable("the cluster has a leader already: nothing to force")))
+                return
+            risk = (f"messages that only {', '.join(absent)} held are lost if it does not come back first"
+                    if absent else "no absent member was named in the sync set")
+            self.node.driver.call_soon_threadsafe(lambda: reply.resolve(202, {
+                "state": str(state), "message": f"forced: this node may start the cluster; {risk}"}))
+
+        election.request(force)
+        return reply
+
+    def _peer_login(self) -> Login:
+        config = self.node.config
+        tls = config.tls
+        return Login(config.peer_user, config.peer_password, str(tls.ca_file) if tls.ca_file else None,
+                     str(tls.cert_file) if tls.cert_file else None, str(tls.key_file) if tls.key_file else None,
+                     tls=config.peer_tls)
+
+    def check_admin_link(self, link: Link) -> None:
+        """Admins may read a backup (browse, query); writes to replicated objects belong to the primary."""
+        registry = self.node.registry
+        if link.is_sender:
+            source = link.remote_source
+            if source.dynamic or source.distribution_mode == Terminus.DIST_MODE_COPY:
+                return
+            node = registry.lookup(source.address or "")
+            if isinstance(node, Queue) and node.settings.replicate != "none":
+                raise NotAllowed(f"{self.ha.url} is a backup: consuming from replicated queue "
+                                 f"{node.name!r} would change it; browse it instead")
+            return
+        address = link.remote_target.address or ""
+        if address == "$management":
+            return
+        node = registry.lookup(address)
+        if node is None or _level(node) != "none":
+            raise NotAllowed(f"{self.ha.url} is a backup: send to {address!r} on the primary")
+
+    def guard(self, request: Request) -> None:
+        if self.ha.is_primary or request.operation not in MUTATING:
+            return
+        registry = self.node.registry
+        replicated = False
+        if request.operation == "CREATE":
+            level = request.arguments().get(REPLICATE, registry.default_replicate)
+            replicated = level != "none"
+        elif request.operation in ("DELETE", "PURGE"):
+            node = registry.lookup(request.name)
+            replicated = node is not None and _level(node) != "none"
+        else:
+            for name in (request.body.get("exchange"), request.body.get("queue")):
+                node = registry.lookup(str(name or ""))
+                replicated = replicated or (node is not None and _level(node) != "none")
+        if replicated:
+            raise NotAllowed(f"{self.ha.url} is a backup ({self.ha.status.state}): change replicated objects "
+                             "on the primary")
+
+    def status(self) -> dict[str, Any]:
+        primary = self.ha.url if self.ha.is_primary else self.ha.primary_url
+        return {
+            "state": str(self.ha.status.state),
+            "detail": str(self.ha.status.detail) if self.ha.status.detail else None,
+            "term": self.ha.status.term,
+            "primary": self._reachable(primary) if primary else None,
+            "brokers": [self._reachable(a) for a in self.ha.member_addresses()],
+            "halted": self.ha.halted,
+            "etcd": str(self.ha.config.etcd) if self.ha.config.etcd else None,  # the endpoints
+        }
+
+    def _reachable(self, address: str) -> str:
+        """A member's HOST:PORT as tools must dial it: ``amqps://`` when the members speak TLS."""
+        return f"amqps://{address}" if self.node.config.peer_tls else address
+
+    def describe(self) -> dict[str, Any]:
+        members = self.ha.primary.members() if self.ha.primary is not None else self.ha.members
+        return {
+            "state": str(self.ha.status.state),
+            "term": self.ha.status.term,
+            "members": [dict(m, url=self._reachable(str(m.get("url", "")))) for m in members],
+            "lag": self.ha.primary.lag() if self.ha.primary is not None else {},
+            "lag_seconds": self.ha.primary.lag_seconds() if self.ha.primary is not None else {},
+            "acks_held": self.ha.primary.acks_held() if self.ha.primary is not None else {"backups": {}, "quorum": {}},
+        }
+
+
+FRESH_CHECK_TIMEOUT = 5.0
+"""Seconds another node has to answer before a connecting node's promotion is refused: off the
+reactor thread it may be generous (under load, 1 s made a busy backup look hung)."""
+
+
+def _check_fresh_cluster(addresses: list[Address], login: Login) -> None:
+    """A connecting node may only be promoted if no reachable node is past connecting (blocking: a worker thread)."""
+    unknown = []
+    for host, port in addresses:
+        try:
+            with ManagementClient(f"{host}:{port}", timeout=FRESH_CHECK_TIMEOUT, login=login) as client:
+                state = client.request("STATUS").get("state")
+        except ManagementError as error:
+            if not error.unreachable:
+                # Something is there but could not be asked (TLS, credentials, a hung node): it may be a primary.
+                unknown.append(f"{host}:{port} ({error})")
+            continue  # nothing listens there: that node holds nothing we could lose
+        if state != "connecting":
+            raise NotPromotable(f"{host}:{port} is {state}: promote a backup, not a connecting node")
+    if unknown:
+        raise NotPromotable(f"cannot tell what {', '.join(unknown)} is: stop it, or promote a backup")
+
+
+def _level(node: Any) -> str:
+    return node.settings.replicate if isinstance(node, Queue) else node.replicate
