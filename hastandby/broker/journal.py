@@ -172,14 +172,16 @@ class Journal:
                 for kind, body in records:
                     report.clean = kind == jf.CLOSE
                     if kind == jf.ENQUEUE_RUN:
-                        replay(body[0]).enqueue(body[1], body[2])
+                        held = replay(body[0])
+                        held.enqueue(body[1], body[2])
                         if not ttls_in_records:
-                            replay(body[0]).expire(_header_ttls(body[1], body[2]))
+                            held.expire(_header_ttls(body[1], body[2]))
                     elif kind == jf.EXPIRY:
                         replay(body[0]).expire(body[1])
                     elif kind == jf.ENQUEUE:
-                        replay(body[0]).enqueue([body[1]], [body[2]])
-                        replay(body[0]).expire(_header_ttls([body[1]], [body[2]]))
+                        held = replay(body[0])
+                        held.enqueue([body[1]], [body[2]])
+                        held.expire(_header_ttls([body[1]], [body[2]]))
                     elif kind in (jf.OPEN, jf.TERM):
                         report.term = max(report.term, int(body.get("term", 0)))
                         if kind == jf.OPEN:
