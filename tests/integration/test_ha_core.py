@@ -12,10 +12,10 @@ from proton import Message
 from proton.reactor import Copy
 
 from benchmarks import cexamples
+from benchmarks.numbered_client import NumberedSender
 from hastandby.client import ManagementClient, ManagementError
 from tests.support import auth
 from tests.support.clients import browse, close_condition, connect, receive, send
-from tests.support.failover_client import NumberedSender
 
 ADMIN = {"properties": {"qpid.ha-admin": True}}
 

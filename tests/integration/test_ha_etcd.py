@@ -31,11 +31,11 @@ from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
 from benchmarks import cexamples
+from benchmarks.numbered_client import NumberedSender, drain
 from hastandby.client import ManagementClient, ManagementError
 from tests.support import auth
 from tests.support.clients import browse_ids
 from tests.support.etcd_ha import POLL, TTL
-from tests.support.failover_client import NumberedSender, drain
 from tests.support.nodes import REPO, NodeProcess
 from tests.support.waiting import wait_for
 

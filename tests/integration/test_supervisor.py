@@ -16,8 +16,8 @@ import time
 import psutil
 import pytest
 
+from benchmarks.numbered_client import NumberedSender, drain
 from tests.support.etcd_ha import EtcdHa
-from tests.support.failover_client import NumberedSender, drain
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.etcd
