@@ -11,8 +11,7 @@ ordinary proton clients, and checks what came out (``docs/nemesis.md``).
 | ``checker`` | the total-queue checker and the replica diff (pure) |
 | ``network`` | namespaces on a bridge; partitions as blackhole routes |
 | ``cluster`` | etcd and the nodes in their namespaces; signals, restarts, promote, status |
-| ``clients`` | the proton producers and consumers (their own process) and their history |
-| ``workload`` | the harness's side of the clients process; the history read back; the final drain |
+| ``workload`` | the clients process (``benchmarks.numbered_client``) in its namespace; the history read back; the final drain |
 | ``replicas`` | browsing the replicas and comparing them |
 | ``executor`` | runs ops against the cluster |
 | ``runner`` | one schedule from start to verdict |

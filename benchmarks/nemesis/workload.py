@@ -1,10 +1,13 @@
 """The harness's side of the workload: the clients process in its namespace, and what it recorded.
 
-``Workload`` starts ``python -m benchmarks.nemesis.clients`` inside the
-clients' namespace (so partitions can cut the clients off a node), sends it
-commands and reads its status lines.  ``History`` reads the JSON-lines
+``Workload`` starts ``python -m benchmarks.numbered_client`` (the numbered
+failover client every harness uses) inside the clients' namespace (so
+partitions can cut the clients off a node), sends it commands and reads its
+status lines.  Every message is durable (the queue is durable and the nodes
+keep journals, ``cluster.py``), so an acknowledged message must survive even
+a kill -9 of every node (``kill9-all``).  ``History`` reads the JSON-lines
 history back and gives the checker its three multisets.  The final drain
-runs in the harness itself (``drain``), with the same ``Consumer``.
+runs in the harness itself (``drain``), with the same client.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from .._proc import python_env
+from ..numbered_client import HEARTBEAT, HistoryWriter, NumberedReceiver
+from ..numbered_client import drain as drain_queue
 from ..throughput import REPO_ROOT
-from .clients import Consumer, HistoryWriter
 from .network import Host
 
 PRODUCER_RATE = 25.0  # messages/s per background producer
@@ -32,6 +36,8 @@ QUIET = 0.3  # s without a delivery before the load counts as quiet
 FINISH_TIMEOUT = 10.0  # s for producers to settle what is in doubt at the end
 DRAIN_QUIET = 1.5  # s without a delivery before the drain stops
 DRAIN_TIMEOUT = 20.0
+WINDOW = 50  # most unsettled messages per producer
+CREDIT = 20  # consumer credit (kept small, so that a pause is quiet soon)
 
 
 class WorkloadError(RuntimeError):
@@ -47,8 +53,9 @@ class Workload:
         self.log_path = workdir / "clients.log"
         self.status: dict[str, dict[str, Any]] = {}
         self.errors: list[str] = []
-        command = host.command(sys.executable, "-m", "benchmarks.nemesis.clients", "--urls", ",".join(urls),
-                               "--queue", queue, "--history", str(self.history_path))
+        command = host.command(sys.executable, "-m", "benchmarks.numbered_client", "--urls", ",".join(urls),
+                               "--queue", queue, "--history", str(self.history_path), "--window", str(WINDOW),
+                               "--credit", str(CREDIT), "--time-limit", "600")
         with open(self.log_path, "ab") as log:
             self.popen = subprocess.Popen(command, cwd=REPO_ROOT, env={**python_env(), **credentials},
                                           stdin=subprocess.PIPE,
@@ -156,21 +163,12 @@ def drain(urls: list[str], queue: str, history_path: Path, credentials: dict[str
 
     ``credentials``: proton ``connect`` arguments (user, password).
     """
+    started = time.monotonic()
     with open(history_path, "a", encoding="utf-8") as out:
-        consumer = Consumer("drain", urls, queue, HistoryWriter(out), credentials)
-        consumer.start()
-        started = time.monotonic()
-        deadline = started + DRAIN_TIMEOUT
-        complete = False
-        while consumer.running and time.monotonic() < deadline:
-            since = consumer.last_received or (started if consumer.attached else time.monotonic())
-            if consumer.attached and time.monotonic() - since >= DRAIN_QUIET:
-                complete = True
-                break
-            time.sleep(0.05)
-        consumer.finish(0)
-        consumer.join(10)
-    return {"received": consumer.received, "complete": complete, "url": consumer.url,
+        consumer: NumberedReceiver = drain_queue(urls, queue, time_limit=DRAIN_TIMEOUT, quiet=DRAIN_QUIET,
+                                                 name="drain", credit=CREDIT, heartbeat=HEARTBEAT,
+                                                 credentials=credentials, history=HistoryWriter(out))
+    return {"received": len(consumer.received), "complete": consumer.complete, "url": consumer.url,
             "seconds": round(time.monotonic() - started, 3)}
 
 
