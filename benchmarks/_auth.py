@@ -74,7 +74,7 @@ class Users:
         return f"amqp://{user}:{self.passwords[user]}@{address}"
 
     def client_environment(self, user: str = APP) -> dict[str, str]:
-        """Environment for the C example clients and ``failover_clients`` processes."""
+        """Environment for the C example clients and ``numbered_client`` processes."""
         return {"HASTANDBY_USER": user, "HASTANDBY_PASSWORD": self.passwords[user]}
 
 

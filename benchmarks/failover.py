@@ -6,9 +6,10 @@
 Each round, on loopback with free ports: a fresh etcd (temporary data
 directory) and N ``hastandby serve --etcd`` nodes with a cluster name of
 their own; once one node is primary and the others are backups, an
-``all``-replicated queue, a consumer and a producer (``failover_clients``:
+``all``-replicated queue, a consumer and a producer (``numbered_client``, the
+numbered failover client of the tests and the nemesis suite too:
 python-qpid-proton, URL list of every node, fixed 0.1 s reconnect delay, one
-numbered message every 1/rate s).  After a steady period the primary gets the
+numbered message every 1/rate s, each client a process of its own).  After a steady period the primary gets the
 fault: ``kill`` (SIGKILL), ``stop`` (SIGSTOP for 2 x TTL, then SIGCONT),
 ``term`` (SIGTERM, a graceful stop) or ``kill9-broker`` (the nodes run under
 ``serve --supervise``; SIGKILL of the primary's broker process only, so its
@@ -59,7 +60,7 @@ from tests.support.etcd import EtcdServer
 
 from . import _auth
 from ._proc import LOOPBACK, Service, free_port, python_env, wait_until
-from .failover_clients import HEARTBEAT, RECONNECT_DELAY
+from .numbered_client import HEARTBEAT, RECONNECT_DELAY
 from .throughput import DEFAULT_OUT, REPO_ROOT, host_info
 
 FAULT_ALIASES = {
@@ -73,6 +74,7 @@ SIGNALS = {ts.FAULT_KILL9: signal.SIGKILL, ts.FAULT_SIGSTOP: signal.SIGSTOP, ts.
 QUEUE = "failover"
 PROBE_QUEUE = "failover-probe"  # the SIGSTOP fencing probe's queue
 PROBE_RATE = 50.0
+CLIENT_TICK = 0.005  # s between the producer's send-schedule checks (``numbered_client --tick``)
 HARNESS = "harness"
 
 START_TIMEOUT = 60.0  # etcd up, nodes settled into one primary + backups
@@ -96,13 +98,13 @@ MIN_LEASE_TTL = 2  # etcd raises shorter TTLs to about 1.5 x its election timeou
 
 
 class ChildProcess:
-    """A client or the etcd watch as a child process (``benchmarks.failover_clients``); stopped by PID.
+    """A client or the etcd watch as a child process (``python -m MODULE ARGV``); stopped by PID.
 
     Reads its JSON status lines on a thread (``status`` is the latest; with
     ``keep`` every line is kept in ``lines``); ``send`` writes a command line.
     """
 
-    def __init__(self, name: str, argv: list[str], workdir: Path, keep: bool = False) -> None:
+    def __init__(self, name: str, module: str, argv: list[str], workdir: Path, keep: bool = False) -> None:
         self.name = name
         self.out = workdir / f"{name}.json"
         self.log_path = workdir / f"{name}.log"
@@ -113,7 +115,7 @@ class ChildProcess:
         self.finished = False
         with open(self.log_path, "ab") as log:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", "benchmarks.failover_clients", *argv], cwd=REPO_ROOT,
+                [sys.executable, "-m", module, *argv], cwd=REPO_ROOT,
                 env={**python_env(), **_auth.users().client_environment()},
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True,
             )
@@ -128,9 +130,12 @@ class ChildProcess:
             except ValueError:
                 continue
             if isinstance(line, dict):
-                self.status = line
+                self.status = self.status_of(line)
                 if self.keep:
                     self.lines.append(line)
+
+    def status_of(self, line: dict[str, Any]) -> dict[str, Any]:
+        return line
 
     @property
     def running(self) -> bool:
@@ -145,11 +150,10 @@ class ChildProcess:
             pass
 
     def finish(self, timeout: float = 10.0) -> dict[str, Any] | None:
-        """Ask it to stop (``stop``, end of input), wait, SIGKILL it if it does not; load what it recorded."""
+        """Ask it to stop (end of input), wait, SIGKILL it if it does not; load what it recorded."""
         if self.finished:
             return self.record
         self.finished = True
-        self.send("stop")
         try:
             assert self.popen.stdin is not None
             self.popen.stdin.close()
@@ -162,10 +166,33 @@ class ChildProcess:
             self.popen.wait(5)
         self._reader.join(5)
         try:
-            self.record = json.loads(self.out.read_text())
-        except (OSError, ValueError):
+            self.record = self.record_of(json.loads(self.out.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
             self.record = None
         return self.record
+
+    def record_of(self, loaded: Any) -> dict[str, Any]:
+        return loaded
+
+
+class ClientProcess(ChildProcess):
+    """One numbered failover client in a process of its own (``python -m benchmarks.numbered_client``).
+
+    ``command`` starts it (``producer NAME RATE``, ``consumer NAME 0``,
+    ``pinned NAME URL RATE``; NAME is ``name``); its status and record are
+    the ones under ``name``.
+    """
+
+    def __init__(self, name: str, command: str, urls: list[str], workdir: Path, *options: str) -> None:
+        super().__init__(name, "benchmarks.numbered_client",
+                         ["--urls", ",".join(urls), "--out", str(workdir / f"{name}.json"), *options], workdir)
+        self.send(command)
+
+    def status_of(self, line: dict[str, Any]) -> dict[str, Any]:
+        return (line.get("status") or {}).get(self.name) or self.status
+
+    def record_of(self, loaded: Any) -> dict[str, Any]:
+        return loaded[self.name]
 
     def log_tail(self, lines: int = 5) -> str:
         try:
@@ -347,9 +374,9 @@ class RoundRunner:
         self.etcd = EtcdServer(name="failover")
         self.watch: ChildProcess | None = None
         self.nodes: list[NodeProc] = []
-        self.producer: ChildProcess | None = None
-        self.consumer: ChildProcess | None = None
-        self.probe: ChildProcess | None = None
+        self.producer: ClientProcess | None = None
+        self.consumer: ClientProcess | None = None
+        self.probe: ClientProcess | None = None
         self.t_start = 0.0
         self.t_fault: float | None = None
         self.t_resume: float | None = None
@@ -378,8 +405,8 @@ class RoundRunner:
 
     def _form(self) -> None:
         url = self.etcd.start()
-        self.watch = ChildProcess("watch", ["watch", "--etcd", url, "--key", ClusterKeys(self.cluster).leader],
-                                  self.logs, keep=True)
+        self.watch = ChildProcess("watch", "benchmarks.leader_watch",
+                                  ["--etcd", url, "--key", ClusterKeys(self.cluster).leader], self.logs, keep=True)
         watch = self.watch
         if not wait_until(lambda: any(line.get("kind") == "created" for line in watch.lines) or not watch.running,
                           20.0, WAIT_STEP) or not watch.running:
@@ -420,19 +447,16 @@ class RoundRunner:
         return ", ".join(f"{n.node_id}={n.poller.latest if n.poller else None}" for n in self.nodes)
 
     def _load(self) -> None:
-        urls = ",".join(n.url for n in self.nodes)
-        common = ["--urls", urls, "--address", QUEUE, "--heartbeat", str(self.s.heartbeat),
-                  "--reconnect-delay", str(self.s.reconnect_delay)]
-        self.consumer = ChildProcess("consumer", ["consumer", *common, "--out", str(self.logs / "consumer.json")],
-                                     self.logs)
-        self.producer = ChildProcess("producer", ["producer", *common, "--out", str(self.logs / "producer.json"),
-                                                  "--rate", str(self.s.rate), "--round", self.round_id,
-                                                  "--t0", repr(self.t_start)], self.logs)
-        if self.fault == ts.FAULT_SIGSTOP:
-            self.probe = ChildProcess("probe", [
-                "producer", "--urls", self.primary.url, "--address", PROBE_QUEUE, "--pin", "--heartbeat", "0",
-                "--out", str(self.logs / "probe.json"), "--rate", str(PROBE_RATE), "--round", self.round_id,
-                "--t0", repr(self.t_start)], self.logs)
+        urls = [n.url for n in self.nodes]
+        common = ["--queue", QUEUE, "--heartbeat", str(self.s.heartbeat), "--reconnect-delay",
+                  str(self.s.reconnect_delay), "--tick", str(CLIENT_TICK)]
+        self.consumer = ClientProcess(ts.CONSUMER, f"consumer {ts.CONSUMER} 0", urls, self.logs, *common)
+        self.producer = ClientProcess(ts.PRODUCER, f"producer {ts.PRODUCER} {self.s.rate:g}", urls, self.logs,
+                                      *common)
+        if self.fault == ts.FAULT_SIGSTOP:  # one connection, no reconnect, no idle timeout
+            self.probe = ClientProcess("probe", f"pinned probe {self.primary.url} {PROBE_RATE:g}",
+                                       [self.primary.url], self.logs, "--queue", PROBE_QUEUE, "--tick",
+                                       str(CLIENT_TICK))
         for client in filter(None, (self.producer, self.probe)):
             if not wait_until(lambda: client.status.get("first_ack_t") is not None or not client.running,
                               FIRST_ACK_TIMEOUT, WAIT_STEP) or client.status.get("first_ack_t") is None:
@@ -488,7 +512,7 @@ class RoundRunner:
 
     def _finish_load(self) -> None:
         producer, consumer = self.producer, self.consumer
-        producer.send("stop-sending")
+        producer.send(f"rate {producer.name} 0")  # no new numbers; in-doubt ones are still sent
         if not wait_until(lambda: producer.status.get("in_flight") == 0, DRAIN_TIMEOUT, WAIT_STEP, self._tick):
             self.notes.append(f"producer still had {producer.status.get('in_flight')} unsettled sends at the end")
         record = producer.finish()
@@ -496,7 +520,7 @@ class RoundRunner:
             raise RuntimeError(f"producer left no record: {producer.log_tail()}")
         expected = self.logs / "acknowledged.json"
         expected.write_text(json.dumps(sorted({number for _, number, _ in record["acks"]})))
-        consumer.send(f"expect {expected}")
+        consumer.send(f"expect {consumer.name} {expected}")
         if not wait_until(lambda: consumer.status.get("missing") == 0, DRAIN_TIMEOUT, WAIT_STEP, self._tick):
             self.notes.append(f"consumer still missed {consumer.status.get('missing')} acknowledged numbers")
         last = [consumer.status.get("received"), time.monotonic()]
@@ -648,7 +672,7 @@ class RoundRunner:
                 lines.append(self._line(t, ts.FIRST_ACCEPTED_AFTER_FAULT, ts.PRODUCER, **{
                     ts.CLIENT: ts.PRODUCER, ts.NODE: self._node_of(links[no]["url"])}, number=number,
                     observed="harness, from the producer's acknowledgements"))
-            lines.extend(producer["trace"])
+            lines.extend(self._ack_lines(producer))
 
         tally, fencing = self._tally(producer, consumer)
         if self.t_fault is not None and tally is not None:
@@ -664,6 +688,23 @@ class RoundRunner:
                 for line in [lines[0], *middle, lines[-1]]:
                     out.write(json.dumps(line, separators=(",", ":")) + "\n")
         return self._summary(error, lines, tally, fencing, node_problems, producer, wrote)
+
+    def _ack_lines(self, producer: dict[str, Any]) -> list[dict[str, Any]]:
+        """``acks`` lines: the producer's acceptances per 100 ms bucket (bucket 0 starts at round_start),
+        every bucket from its start to its end, empty ones included, ten buckets a line."""
+        def bucket(t: float) -> int:
+            return int((t - self.t_start) * 1000 // ts.ACK_BUCKET_MS)
+
+        counts: dict[int, int] = {}
+        for t, _, _ in producer["acks"]:
+            counts[bucket(t)] = counts.get(bucket(t), 0) + 1
+        first, last = bucket(producer["started"]), bucket(producer["finished"] or time.time())
+        lines = []
+        for k in range(first, last + 1, 10):
+            n = [counts.get(i, 0) for i in range(k, min(k + 10, last + 1))]
+            lines.append(self._line(self.t_start + (k + len(n)) * ts.ACK_BUCKET_MS / 1000, ts.ACKS, ts.PRODUCER,
+                                    **{ts.K: k, ts.N: n}))
+        return lines
 
     def _tally(self, producer: dict[str, Any] | None,
                consumer: dict[str, Any] | None) -> tuple[dict[str, Any] | None, dict[str, Any]]:
