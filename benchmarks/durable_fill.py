@@ -1,4 +1,4 @@
-"""Repeated durable fills of a lone HA primary: the check for a producer that stopped for good.
+"""Repeated durable fills of an HA primary, lone or with backups: the check for a producer that stopped for good.
 
 ``benchmarks.catchup``'s restart part fills a primary (``--ha-cluster``,
 ``--data-dir``, promoted with no backup running) with 1,000,000 durable
@@ -11,15 +11,25 @@ only the current delivery can be read (fixed in ``IncomingLink.on_delivery``).
 
 Each iteration starts a fresh primary, creates a durable ``qpid.replicate=all``
 queue and runs ``--chunks`` sends of ``--count`` durable 100-byte messages.
+With ``--backups N`` the primary has N backups (each with its own data dir),
+started once the queue exists and caught up before the first send: the
+primary accepts a message only once every backup stored it, so the backups'
+replicating receivers (``browser/replicator.py``) are on the path of every
+send, and a batch they leave unread stalls the producer just the same.  After
+the last chunk every backup's replica must hold what the primary holds.
+
 A send that has not finished within ``--stall`` seconds is a stall: before the
-client is killed the tool prints the sockets of the node's port (``ss``), the
-client's threads (``gdb``, when there is one), the node's STATUS journal and
-memory parts and the queue, and the node's Python stacks (``py-spy``, when
-installed); then it stops.  Every process is stopped by PID.
+client is killed the tool prints the sockets of the primary's port (``ss``),
+the client's threads (``gdb``, when there is one), each node's STATUS journal
+and memory parts and the queue, and each node's Python stacks (``py-spy``,
+when installed); then it stops.  Every process is stopped by PID, also on
+SIGTERM (``timeout``) or Ctrl-C.
 
-    python -m benchmarks.durable_fill [--iterations 8] [--chunks 12] [--count 100000] [--stall 40]
+    python -m benchmarks.durable_fill [--iterations 8] [--chunks 12] [--count 100000] [--stall 40] [--backups 0]
 
-Exits 1 on a stall, 0 when every chunk finished.
+Prints each chunk's seconds and a summary (chunks, stalls, chunk seconds,
+msg/s).  Exits 1 on a stall or a replica that differs, 0 when every chunk
+finished.
 """
 
 from __future__ import annotations
@@ -27,54 +37,80 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from . import _auth, cexamples
-from ._proc import Service, free_port, python_env
-from .ha_throughput import _request, _wait_answering
+from ._proc import Service, free_port, python_env, wait_until
+from .ha_throughput import _request, _wait_answering, _wait_state
 from .throughput import LOOPBACK, REPO_ROOT
 
 QUEUE = "durable"
+REPLICA_TIMEOUT = 30.0
+"""Seconds after the last chunk for every replica to hold what the primary holds."""
 
 
-def diagnose(port: int, client: cexamples.Client, node: Service) -> None:
-    """What the node and the client are doing, printed while both still run."""
-    print("ss -tnoi, the node's port:", flush=True)
+def _depth(port: int) -> int:
+    return int(next(q for q in _request(port, "QUERY")["queues"] if q["name"] == QUEUE)["depth"])
+
+
+def diagnose(ports: list[int], client: cexamples.Client, nodes: list[Service]) -> None:
+    """What the nodes and the client are doing, printed while all still run (``ports[0]``: the primary)."""
+    print("ss -tnoi, the primary's port:", flush=True)
     lines = subprocess.run(["ss", "-tnoi"], capture_output=True, text=True).stdout.splitlines()
     for at, line in enumerate(lines):
-        if f":{port} " in line:
+        if f":{ports[0]} " in line:
             print(line, *lines[at + 1:at + 2], sep="\n", flush=True)
     if shutil.which("gdb"):
         threads = subprocess.run(["gdb", "-p", str(client.process.pid), "-batch", "-ex", "thread apply all bt"],
                                  capture_output=True, text=True, timeout=60).stdout
         print("client threads (gdb):", *[line for line in threads.splitlines() if line.startswith(("#", "Thread"))],
               sep="\n", flush=True)
-    status = _request(port, "STATUS")
-    queue = next(q for q in _request(port, "QUERY")["queues"] if q["name"] == QUEUE)
-    print(json.dumps({"journal": status.get("journal"), "memory": status.get("memory"), "queue_depth": queue["depth"],
-                      "queue_stats": queue["stats"]}), flush=True)
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    if Path(spy).exists():
-        subprocess.run([spy, "dump", "--pid", str(node.pid)], timeout=60)
+    for node, port in zip(nodes, ports):
+        try:
+            status = _request(port, "STATUS")
+            queue = next((q for q in _request(port, "QUERY")["queues"] if q["name"] == QUEUE), None)
+            print(json.dumps({"node": node.name, "state": status.get("state"), "journal": status.get("journal"),
+                              "memory": status.get("memory"), "queue_depth": queue and queue["depth"],
+                              "queue_stats": queue and queue["stats"]}), flush=True)
+        except Exception as error:  # noqa: BLE001 - a diagnosis goes on past a node that does not answer
+            print(f"{node.name}: no STATUS/QUERY answer ({type(error).__name__}: {error})", flush=True)
+        if Path(spy).exists():
+            print(f"{node.name} (PID {node.pid}) Python stacks:", flush=True)
+            subprocess.run([spy, "dump", "--pid", str(node.pid)], timeout=60)
 
 
-def iteration(number: int, args: argparse.Namespace, logs: Path) -> bool:
-    """One fresh primary and its chunks; False on a stall."""
+def iteration(number: int, args: argparse.Namespace, logs: Path, seconds: list[float]) -> str | None:
+    """One fresh primary (and ``--backups`` backups) and its chunks, each chunk's seconds appended to
+    ``seconds``; None when all went well, else what went wrong: "stall" or "replica differs"."""
     data = Path(tempfile.mkdtemp(prefix="durable-fill-data-"))
-    ports = [free_port(), free_port()]
+    ports = [free_port() for _ in range(max(2, args.backups + 1))]  # a lone primary still names a peer
     argv = [sys.executable, "-m", "hastandby", "serve", "--log-format", "json", "--ha-cluster",
-            "--brokers-url", ",".join(f"{LOOPBACK}:{p}" for p in ports), *_auth.users().serve_arguments(),
-            "--listen", f"{LOOPBACK}:{ports[0]}", "--data-dir", str(data)]
-    node = Service(f"primary-{number}", argv, logs / f"primary-{number}.log", cwd=REPO_ROOT, env=python_env())
+            "--brokers-url", ",".join(f"{LOOPBACK}:{p}" for p in ports), *_auth.users().serve_arguments()]
+
+    def start(name: str, index: int) -> Service:
+        return Service(f"{name}-{number}", [*argv, "--listen", f"{LOOPBACK}:{ports[index]}",
+                                             "--data-dir", str(data / name)],
+                       logs / f"{name}-{number}.log", cwd=REPO_ROOT, env=python_env())
+
+    nodes = [start("primary", 0)]
     client: cexamples.Client | None = None
     try:
-        _wait_answering(node, ports[0])
+        _wait_answering(nodes[0], ports[0])
         _request(ports[0], "PROMOTE")
         _request(ports[0], "CREATE", "queue", QUEUE, {"durable": True, "arguments": {"qpid.replicate": "all"}})
+        for index in range(1, args.backups + 1):
+            nodes.append(start(f"backup{index}", index))
+        for node, port in zip(nodes[1:], ports[1:]):
+            _wait_answering(node, port)
+            _wait_state(port, "backup")
         env = {**_auth.users().client_environment(), "HASTANDBY_DURABLE": "1"}
         for chunk in range(args.chunks):
             started = time.monotonic()
@@ -83,18 +119,51 @@ def iteration(number: int, args: argparse.Namespace, logs: Path) -> bool:
                 time.sleep(0.2)
             if client.process.poll() is None:
                 print(f"iteration {number} chunk {chunk}: STALL after {args.stall:g} s", flush=True)
-                diagnose(ports[0], client, node)
-                return False
+                diagnose(ports[:len(nodes)], client, nodes)
+                return "stall"
             run = client.wait(10)
             if run.returncode != 0:
                 raise RuntimeError(f"send-bench exited {run.returncode}: {run.stdout[-500:]}")
-            print(f"iteration {number} chunk {chunk}: {time.monotonic() - started:.1f} s", flush=True)
-        return True
+            elapsed = time.monotonic() - started
+            seconds.append(elapsed)
+            print(f"iteration {number} chunk {chunk}: {elapsed:.1f} s", flush=True)
+        if args.backups:
+            held = _depth(ports[0])
+            if not wait_until(lambda: all(_depth(port) == held for port in ports[1:len(nodes)]), REPLICA_TIMEOUT,
+                              step=0.5):
+                depths = {node.name: _depth(port) for node, port in zip(nodes, ports)}
+                print(f"iteration {number}: REPLICA DIFFERS after {REPLICA_TIMEOUT:g} s: {depths}", flush=True)
+                return "replica differs"
+            print(f"iteration {number}: primary and {args.backups} backup(s) hold {held:,} messages", flush=True)
+        return None
     finally:
         if client is not None:
             client.kill()
-        node.stop()
+        for node in reversed(nodes):
+            node.stop()
         shutil.rmtree(data, ignore_errors=True)
+
+
+def summary(seconds: list[float], failure: str | None, args: argparse.Namespace) -> dict[str, Any]:
+    """The run's figures: chunks finished, stalls, and the chunks' seconds and rates."""
+    figures: dict[str, Any] = {"backups": args.backups, "count": args.count, "chunks_finished": len(seconds),
+                               "stalls": int(failure == "stall"), "failure": failure}
+    if seconds:
+        figures.update({
+            "chunk_seconds": {"min": round(min(seconds), 2), "median": round(statistics.median(seconds), 2),
+                              "max": round(max(seconds), 2)},
+            "msg_per_s": {"median_chunk": round(args.count / statistics.median(seconds)),
+                          "slowest_chunk": round(args.count / max(seconds)),
+                          "overall": round(args.count * len(seconds) / sum(seconds))},
+        })
+    return figures
+
+
+def _interrupt_on_sigterm() -> None:
+    """SIGTERM (e.g. from ``timeout``) as Ctrl-C, so that ``finally`` blocks stop every node."""
+    def _interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, _interrupt)
 
 
 def main() -> int:
@@ -103,14 +172,23 @@ def main() -> int:
     parser.add_argument("--chunks", type=int, default=12)
     parser.add_argument("--count", type=int, default=100_000)
     parser.add_argument("--stall", type=float, default=40.0, help="seconds a send may take before it is a stall")
+    parser.add_argument("--backups", type=int, default=0, choices=range(0, 4), metavar="{0..3}",
+                        help="backups of the primary (0: a lone primary); each send then waits on their replicators")
     args = parser.parse_args()
+    _interrupt_on_sigterm()
     logs = Path(tempfile.mkdtemp(prefix="durable-fill-logs-"))
-    print(f"durable fill: {args.iterations} x {args.chunks} x {args.count:,} durable messages; node logs in {logs}",
-          flush=True)
-    for number in range(args.iterations):
-        if not iteration(number, args, logs):
-            return 1
-    return 0
+    print(f"durable fill: {args.iterations} x {args.chunks} x {args.count:,} durable messages, primary with "
+          f"{args.backups} backup(s); node logs in {logs}", flush=True)
+    seconds: list[float] = []
+    failure: str | None = "interrupted"
+    try:
+        for number in range(args.iterations):
+            failure = iteration(number, args, logs, seconds)
+            if failure is not None:
+                break  # a stall is at most one per run: its state is what there is to see
+    finally:
+        print("summary:", json.dumps(summary(seconds, failure, args)), flush=True)
+    return 1 if failure else 0
 
 
 if __name__ == "__main__":
