@@ -28,6 +28,8 @@ from .protocol import (
     LINEAGE_PROPERTY,
     STATUS_ADDRESS,
     WIRING_ADDRESS,
+    Hello,
+    PeerMember,
     ProtocolError,
     decode_hello,
     decode_members_update,
@@ -79,8 +81,8 @@ class BackupReplication:
         term: Callable[[], int],
         container_id: str,
         heartbeat: float,
-        on_connected: Callable[[int, dict[str, Any]], None],
-        on_members: Callable[[int, list[dict[str, Any]]], None],
+        on_connected: Callable[[int, Hello], None],
+        on_members: Callable[[int, list[PeerMember]], None],
         on_lost: Callable[[str], None],
         memory: MemoryAlarm,
         security: ClientSecurity | None = None,
@@ -94,7 +96,7 @@ class BackupReplication:
         self.on_lost = on_lost
         self.replicators: dict[str, QueueReplicator] = {}
         self.replica = WiringReplica(registry, self._queue_replicated, self._queue_dropped)
-        self.primary: dict[str, Any] | None = None
+        self.primary: PeerMember | None = None  # the primary followed (its hello's); None: none, or refused
         self.primary_term = 0
         self.connection: Connection | None = None
         self.session: Session | None = None
@@ -175,8 +177,7 @@ class BackupReplication:
         delivery.settle()
 
     def lost(self, reason: str) -> None:
-        primary = self.primary if isinstance(self.primary, dict) else {}
-        log.info("lost the primary", reason=reason, primary=primary.get("url"))
+        log.info("lost the primary", reason=reason, primary=self.primary.url if self.primary is not None else None)
         self._drop_links()
         self.primary = None
         self.on_lost(reason)
@@ -226,7 +227,7 @@ class BackupReplication:
             hello = decode_hello(body)  # ProtocolError before anything is kept
             self.primary = hello.primary
             self.primary_term = hello.term
-            self.on_connected(self.primary_term, hello.body)
+            self.on_connected(self.primary_term, hello)
             if self.primary is not None:  # the node loop may have refused the term
                 self.on_members(self.primary_term, hello.members)
         elif kind == "members":

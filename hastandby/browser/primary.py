@@ -59,9 +59,13 @@ from .guard import QueueGuard
 from .protocol import (
     BACKUP_PROPERTY,
     LINEAGE_PROPERTY,
+    MEMBER_CATCHUP,
+    MEMBER_PRIMARY,
+    MEMBER_READY,
     REPLICATE_PROPERTY,
     STATUS_ADDRESS,
     WIRING_ADDRESS,
+    PeerMember,
     ProtocolError,
     decode_browser_request,
     decode_status,
@@ -169,8 +173,8 @@ class StatusReceiver:
 class BackupState(enum.Enum):
     """Where one backup stands with this primary (reported by its ``value`` in status)."""
 
-    CATCHUP = "catchup"  # connected or expected, not yet holding every replicated queue
-    READY = "ready"  # holds every replicated queue: may be elected
+    CATCHUP = MEMBER_CATCHUP  # connected or expected, not yet holding every replicated queue
+    READY = MEMBER_READY  # holds every replicated queue: may be elected
 
 
 class RemoteBackup:
@@ -212,13 +216,12 @@ class RemoteBackup:
             guard.cancel()
         self.guards.clear()
 
-    def describe(self) -> dict[str, Any]:
+    def member(self) -> PeerMember:
         # ``expected`` tells a backup in catch-up whether it may stay ``backup``
         # (ready): a new primary guarded every message for the backups it
         # expects, so nothing acknowledged is missing from them; any other
         # backup in catch-up may lack acknowledged messages.
-        return {"node_id": self.node_id, "url": self.url, "state": self.state.value, "connected": self.connected,
-                "expected": self.expected}
+        return PeerMember(self.node_id, self.url, self.state.value, connected=self.connected, expected=self.expected)
 
 
 class PrimaryReplication:
@@ -294,16 +297,19 @@ class PrimaryReplication:
 
     # -- membership -------------------------------------------------------------------
 
-    def members(self) -> list[dict[str, Any]]:
-        return [dict(self.me, state="primary")] + [b.describe() for b in self.backups.values()]
+    def members(self) -> list[PeerMember]:
+        """This primary and its backups, as the wiring link (``to_wire``) and QUERY tell them."""
+        me = PeerMember(str(self.me["node_id"]), str(self.me.get("url", "")), MEMBER_PRIMARY)
+        return [me] + [b.member() for b in self.backups.values()]
 
     def hello(self) -> dict[str, Any]:
         return {"type": "hello", "primary": self.me, "term": self.term,
-                "replicate_default": self.registry.default_replicate, "members": self.members()}
+                "replicate_default": self.registry.default_replicate,
+                "members": [m.to_wire() for m in self.members()]}
 
     def _broadcast_members(self) -> None:
         self._update_sync_wanted()
-        body = {"type": "members", "term": self.term, "members": self.members()}
+        body = {"type": "members", "term": self.term, "members": [m.to_wire() for m in self.members()]}
         for backup in self.backups.values():
             if backup.wiring is not None:
                 backup.wiring.send(body)

@@ -203,55 +203,110 @@ def decode_status(body: dict[str, Any]) -> bool:
     return alarm
 
 
-def decode_member(value: Any, field: str) -> dict[str, Any]:
-    """One node as a primary describes it: a map with a string ``node_id`` and, if any, a string ``url``."""
-    if not isinstance(value, dict):
-        raise ProtocolError(field, f"a member is a map, got {_short(value)}")
-    if not isinstance(value.get("node_id", ""), str):
-        raise ProtocolError(f"{field}.node_id", f"{_short(value.get('node_id'))} is not a string")
-    if not isinstance(value.get("url", ""), str):
-        raise ProtocolError(f"{field}.url", f"{_short(value.get('url'))} is not a string")
-    if "state" in value and not isinstance(value["state"], str):
-        raise ProtocolError(f"{field}.state", f"{_short(value['state'])} is not a string")
-    if "term" in value:
-        decode_term(value["term"], f"{field}.term")
-    return value
+MEMBER_PRIMARY = "primary"
+"""The state a primary gives its own entry in a members list (its backups: ``BackupState``, browser/primary.py)."""
+MEMBER_READY = "ready"
+MEMBER_CATCHUP = "catchup"
 
 
-def decode_members(value: Any, field: str = "members") -> list[dict[str, Any]]:
-    """A members list (absent: empty): maps as ``decode_member`` checks them."""
+@dataclass(frozen=True)
+class PeerMember:
+    """One node as a primary describes it: an entry of a members list (hello, ``members`` update, QUERY), or the
+    hello's ``primary``.
+
+    On the wire a map; ``node_id`` and ``url`` are always written (absent when read: ``""``), the others only
+    when set.  ``state`` is ``"primary"`` for the primary's own entry and a ``BackupState`` value
+    (``"catchup"``, ``"ready"``) for a backup's, but any string is taken: a newer primary may name states this
+    node does not know, and only ``"ready"`` means anything here.  ``connected`` and ``expected`` are sent for
+    backups; ``term`` is read if present (no primary sends it today).  Other keys are ignored, so a newer
+    primary may add some.
+    """
+
+    node_id: str = ""
+    url: str = ""
+    state: str | None = None
+    connected: bool | None = None
+    expected: bool | None = None
+    term: int | None = None
+
+    @property
+    def ready(self) -> bool:
+        """The primary counts this backup as holding every replicated queue (it may be elected)."""
+        return self.state == MEMBER_READY
+
+    @classmethod
+    def from_wire(cls, value: Any, field: str) -> PeerMember:
+        """A member from a peer's (plain) map; ProtocolError naming ``field`` or ``field.<key>`` if it is not one."""
+        if not isinstance(value, dict):
+            raise ProtocolError(field, f"a member is a map, got {_short(value)}")
+        node_id = value.get("node_id", "")
+        if not isinstance(node_id, str):
+            raise ProtocolError(f"{field}.node_id", f"{_short(value.get('node_id'))} is not a string")
+        url = value.get("url", "")
+        if not isinstance(url, str):
+            raise ProtocolError(f"{field}.url", f"{_short(value.get('url'))} is not a string")
+        state = value.get("state")
+        if "state" in value and not isinstance(state, str):
+            raise ProtocolError(f"{field}.state", f"{_short(value['state'])} is not a string")
+        flags: dict[str, bool | None] = {}
+        for key in ("connected", "expected"):
+            flag = value.get(key)
+            if flag is not None and not isinstance(flag, bool):
+                raise ProtocolError(f"{field}.{key}", f"{_short(flag)} is not a boolean")
+            flags[key] = flag
+        term = decode_term(value["term"], f"{field}.term") if value.get("term") is not None else None
+        return cls(node_id, url, state, flags["connected"], flags["expected"], term)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The map a primary sends (and QUERY shows): ``node_id``, ``url``, then whichever others are set."""
+        wire: dict[str, Any] = {"node_id": self.node_id, "url": self.url}
+        for key in ("state", "connected", "expected", "term"):
+            value = getattr(self, key)
+            if value is not None:
+                wire[key] = value
+        return wire
+
+
+def decode_member(value: Any, field: str) -> PeerMember:
+    """One node as a primary describes it (``PeerMember.from_wire``)."""
+    return PeerMember.from_wire(value, field)
+
+
+def decode_members(value: Any, field: str = "members") -> list[PeerMember]:
+    """A members list (absent: empty): maps as ``PeerMember.from_wire`` checks them."""
     if value is None:
         return []
     if not isinstance(value, list):
         raise ProtocolError(field, f"a members list is a list, got {_short(value)}")
-    return [decode_member(m, f"{field}[{i}]") for i, m in enumerate(value)]
+    return [PeerMember.from_wire(m, f"{field}[{i}]") for i, m in enumerate(value)]
 
 
 @dataclass
 class Hello:
-    """A primary's hello on the wiring link."""
+    """A primary's hello on the wiring link.
 
-    primary: dict[str, Any]
+    ``primary`` is the primary's own member (node id, URL); a hello without one gives an empty member
+    (``node_id`` and ``url`` ``""``), as before, rather than None: the backup keeps it as the primary it follows.
+    """
+
+    primary: PeerMember
     term: int
     replicate_default: str | None
-    members: list[dict[str, Any]]
-    body: dict[str, Any]
+    members: list[PeerMember]
 
 
 def decode_hello(body: dict[str, Any]) -> Hello:
     primary = body.get("primary")
-    if primary is None:
-        primary = {}
-    primary = decode_member(primary, "hello.primary")
+    member = PeerMember.from_wire({} if primary is None else primary, "hello.primary")
     term = decode_term(body.get("term"), "hello.term")
     default = body.get("replicate_default")
     if default is not None and not isinstance(default, str):
         raise ProtocolError("hello.replicate_default", f"{_short(default)} is not a string")
     members = decode_members(body.get("members"), "hello.members")
-    return Hello(primary, term, default, members, dict(body, primary=primary, term=term, members=members))
+    return Hello(member, term, default, members)
 
 
-def decode_members_update(body: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
+def decode_members_update(body: dict[str, Any]) -> tuple[int, list[PeerMember]]:
     """A ``members`` update: (term, members)."""
     return decode_term(body.get("term"), "members.term"), decode_members(body.get("members"))
 

@@ -87,7 +87,8 @@ class ClusterManagement:
         return reply
 
     def _promote_now(self, event: Event) -> tuple[int, Any]:
-        term = operator_term(self.ha.status, (int(m.get("term", 0) or 0) for m in self.ha.members))
+        # No primary sends a member's term today (browser/primary.py members()): this is the node's own term + 1.
+        term = operator_term(self.ha.status, (m.term or 0 for m in self.ha.members))
         if not self.ha.fire(event, term):
             raise NotPromotable(f"cannot promote from {self.ha.status}")
         log.info("promoted by operator", term=term)
@@ -199,7 +200,7 @@ class ClusterManagement:
         return {
             "state": str(self.ha.status.state),
             "term": self.ha.status.term,
-            "members": [dict(m, url=self._reachable(str(m.get("url", "")))) for m in members],
+            "members": [dict(m.to_wire(), url=self._reachable(m.url)) for m in members],
             "lag": self.ha.primary.lag() if self.ha.primary is not None else {},
             "lag_seconds": self.ha.primary.lag_seconds() if self.ha.primary is not None else {},
             "acks_held": self.ha.primary.acks_held() if self.ha.primary is not None else {"backups": {}, "quorum": {}},

@@ -27,6 +27,7 @@ from hastandby.broker.outbound import Address
 from hastandby.broker.server import Refusal
 from hastandby.browser.backup import BackupReplication
 from hastandby.browser.primary import PrimaryReplication
+from hastandby.browser.protocol import Hello, PeerMember
 from hastandby.node import Node, split_hostport
 
 from .cluster import Leader, Store
@@ -85,7 +86,7 @@ class HaNode:
         host, port = split_hostport(config.public_url or node.config.peer_address)
         self.url = f"{host}:{port}"
         self.addresses: list[Address] = [split_hostport(b) for b in config.brokers]
-        self.members: list[dict[str, Any]] = []
+        self.members: list[PeerMember] = []  # as the primary followed last told them
         self.leader: Leader | None = None
         self.primary: PrimaryReplication | None = None
         self._expected_sync: frozenset[str] = frozenset()  # the sync members an election was won with
@@ -197,7 +198,8 @@ class HaNode:
     @property
     def primary_url(self) -> str | None:
         """The primary this node follows, if known (from its hello)."""
-        return (self.backup.primary or {}).get("url")
+        primary = self.backup.primary
+        return (primary.url or None) if primary is not None else None
 
     @property
     def is_primary(self) -> bool:
@@ -278,36 +280,35 @@ class HaNode:
 
     # -- backup side -----------------------------------------------------------------
 
-    def _connected(self, term: int, hello: dict[str, Any]) -> None:
-        primary = hello.get("primary") or {}
-        if hello.get("replicate_default") != self.node.registry.default_replicate:
+    def _connected(self, term: int, hello: Hello) -> None:
+        url = hello.primary.url or None
+        if hello.replicate_default != self.node.registry.default_replicate:
             log.warning("replication default differs from the primary's",
-                        mine=self.node.registry.default_replicate, primary=hello.get("replicate_default"))
+                        mine=self.node.registry.default_replicate, primary=hello.replicate_default)
         if not self.fire(Event.CONNECTED_TO_PRIMARY, term):
-            log.warning("refusing a primary with an older term", primary=primary.get("url"), term=term,
+            log.warning("refusing a primary with an older term", primary=url, term=term,
                         known_term=self.status.term)
             self.backup.primary = None
             self.backup.resync(f"primary term {term} is older than {self.status.term}")
             return
-        log.info("following the primary", primary=primary.get("url"), term=term)
+        log.info("following the primary", primary=url, term=term)
 
-    def _members(self, term: int, members: list[dict[str, Any]]) -> None:
-        # Checked where decoded (browser/protocol.py decode_members): a list of maps.
-        self.members = [m for m in members if isinstance(m, dict)] if isinstance(members, list) else []
-        members = self.members
-        mine = next((m for m in members if m.get("node_id") == self.node.node_id), None)
+    def _members(self, term: int, members: list[PeerMember]) -> None:
+        # Checked where decoded (browser/protocol.py PeerMember.from_wire).
+        self.members = list(members)
+        mine = next((m for m in members if m.node_id == self.node.node_id), None)
         if mine is None:
             return
-        if mine.get("state") == "ready":
+        if mine.ready:
             if self.status.state is State.CATCHUP:
                 self.fire(Event.CAUGHT_UP)
-        elif self.status.state is State.BACKUP and not mine.get("expected"):
+        elif self.status.state is State.BACKUP and not mine.expected:
             # The primary counts us as a new backup catching up: it dropped us
             # (heartbeat, backup timeout) or never expected us, and acknowledged
             # messages without us meanwhile.  We must not stay promotable until
             # we have them again (Qpid's ready -> catchup).
             log.warning("the primary does not count this node as ready: catching up again",
-                        primary=(self.backup.primary or {}).get("url"), reported=mine.get("state"))
+                        primary=self.primary_url, reported=mine.state)
             self.fire(Event.DROPPED_BY_PRIMARY)
 
     def _lost(self, reason: str) -> None:
@@ -328,11 +329,7 @@ class HaNode:
             snapshot = self.election.snapshot
             urls = {m.node_id: m.url for m in snapshot.members} if snapshot is not None else {}
             return {node_id: urls.get(node_id, "") for node_id in sorted(self._expected_sync)}
-        return {
-            str(m["node_id"]): str(m.get("url", ""))
-            for m in self.members
-            if m.get("state") == "ready" and m.get("node_id") != self.node.node_id
-        }
+        return {m.node_id: m.url for m in self.members if m.ready and m.node_id and m.node_id != self.node.node_id}
 
     def _become_primary(self) -> None:
         election = self.election
