@@ -114,14 +114,18 @@ class HaCluster(NodeGroup):
         super().__init__(log_dir, size)
         self.extra = tuple(extra)
         self.nodes = [self._make(index) for index in range(size)]
-        for node in self.nodes:
-            node.start(wait=False)
-        for node in self.nodes:
-            node.wait_ready()
-        if promote:
-            self.promote(0)
-            for index in range(1, size):
-                self.wait_state(index, "backup")
+        try:
+            for node in self.nodes:
+                node.start(wait=False)
+            for node in self.nodes:
+                node.wait_ready()
+            if promote:
+                self.promote(0)
+                for index in range(1, size):
+                    self.wait_state(index, "backup")
+        except BaseException:  # the fixture never gets a cluster that failed to start: stop its nodes here
+            self.stop()
+            raise
 
     def _make(self, index: int, *args: str) -> NodeProcess:
         return NodeProcess(self.log_dir, "--ha-cluster", "--brokers-url", self.brokers_url, *self.extra, *args,
