@@ -297,11 +297,9 @@ class Journal:
             raise ResourceLimitExceeded(f"the journal cannot write ({self.full}): durable messages are refused")
 
     def enqueued(self, queue: Queue, msg_id: int, data: bytes, completion: Completion | None) -> None:
-        if not data.startswith(sections.HEADER_PREFIX):
+        if not sections.header_durable(data):
             return
-        durable, ttl = sections.header_durable_ttl(data)
-        if not durable:
-            return
+        ttl = sections.header_ttl(data)
         run = self._enqueue_run
         if run is None or run[0] is not queue or len(run[1]) >= RUN_MESSAGES:
             self._end_runs()

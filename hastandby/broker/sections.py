@@ -90,7 +90,19 @@ def header_ttl(buf: bytes) -> int | None:
 
 
 def header_durable(buf: bytes) -> bool:
-    """The header's ``durable`` flag (False without a header); cheap when there is no header."""
+    """The header's ``durable`` flag (False without a header).
+
+    A node with a journal asks this of every message on a durable queue, most
+    of them not durable, so proton's usual encoding (a list8 whose first field
+    is null, false or true) is answered from one byte; anything else goes to
+    ``header_durable_ttl``.
+    """
+    if len(buf) > 6 and buf[3] == 0xC0 and buf.startswith(HEADER_PREFIX):
+        first = buf[6] if buf[5] else 0x40  # no field: not durable
+        if first == 0x41:
+            return True
+        if first == 0x40 or first == 0x42:
+            return False
     return header_durable_ttl(buf)[0]
 
 
