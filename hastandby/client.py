@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from proton import ConnectionException, Message, ProtonException, SSLDomain, Timeout, symbol
+from proton import ConnectionException, Message, ProtonException, SSLDomain, Timeout
 from proton.utils import BlockingConnection, SyncRequestResponse
 
 from .broker.management import ADDRESS
+from .replication.codec import ADMIN_PROPERTY
 
-ADMIN_PROPERTY = symbol("qpid.ha-admin")
 NOTHING_LISTENING = "cannot connect (nothing listening?)"
 
 

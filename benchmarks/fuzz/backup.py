@@ -48,15 +48,14 @@ from typing import Any
 
 from proton import Endpoint, Message, ulong
 
-from hastandby.browser.protocol import (
+from hastandby.replication.codec import (
     BACKUP_PROPERTY,
     DEQUEUE_TAG,
     IDS_PROPERTY,
-    LINEAGE_PROPERTY,
-    WIRING_ADDRESS,
     decode_batch,
     encode_batch,
 )
+from hastandby.browser.protocol import LINEAGE_PROPERTY, WIRING_ADDRESS
 
 from . import mutate, values
 from .base import CHECK_TIMEOUT, REFERENCE_MESSAGES, CaseRecord, Kind

@@ -29,7 +29,7 @@ from typing import Any
 
 from proton import Condition, Endpoint, Message, Terminus
 
-from hastandby.browser.protocol import IDS_PROPERTY
+from hastandby.replication.codec import IDS_PROPERTY
 from hastandby.client import ManagementError
 from hastandby.dr.protocol import (
     ACK_ADDRESS,

@@ -37,7 +37,7 @@ from typing import Any
 
 from proton import Endpoint, Message
 
-from hastandby.browser.protocol import DEQUEUE_TAG, encode_batch
+from hastandby.replication.codec import DEQUEUE_TAG, encode_batch
 from hastandby.dr.protocol import (
     ACK_ADDRESS,
     EPOCH_PROPERTY,

@@ -35,10 +35,8 @@ from typing import Any
 from proton import Delivery, Endpoint, Message, Terminus, ulong
 
 from hastandby.broker.idset import IdSet
+from hastandby.replication.codec import ADMIN_PROPERTY, BACKUP_PROPERTY, IDS_PROPERTY
 from hastandby.browser.protocol import (
-    ADMIN_PROPERTY,
-    BACKUP_PROPERTY,
-    IDS_PROPERTY,
     LINEAGE_PROPERTY,
     REPLICATE_PROPERTY,
     STATUS_ADDRESS,

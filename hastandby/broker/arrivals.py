@@ -1,6 +1,6 @@
 """When a queue's messages arrived, sampled, to tell how old a replica's lag is.
 
-Used by every replicating browser (``browser/subscription.py``: hot-standby
+Used by every replicating browser (``replication/subscription.py``: hot-standby
 backups and DR full mode) and by the DR tap feeder (``dr/source.py``).
 """
 

@@ -471,6 +471,10 @@ class Driver:
         self.dirty.add(wrapped)
         return wrapped
 
+    def socket_of(self, connection: Connection) -> Socket | None:
+        """The socket a connection runs over (None once it is closed)."""
+        return self.sockets.get(lib.pn_connection_transport(connection._impl))
+
     def forget(self, wrapped: Socket) -> None:
         self.sockets.pop(wrapped.t_impl, None)
         self.dirty.discard(wrapped)

@@ -1,10 +1,15 @@
-"""The two kinds of client link: messages out of a queue, and messages into a node.
+"""The two kinds of client link, and the proton C calls every per-message link makes.
 
 These are the per-message hot path, so they talk to the proton C engine
 directly (``cproton.lib``) with the raw delivery pointers the driver hands
 them, and keep payloads as opaque bytes.  A delivery tag is the message's
 replication id in decimal, so a disposition names its message without a
 lookup table.
+
+This module and the driver are the only ones that import ``cproton``: the
+replication links (``replication/``, ``browser/``, ``dr/``) use the C calls
+bound below and the helpers beside them, so a proton upgrade that changes
+the C binding is fixed in two files.
 """
 
 from __future__ import annotations
@@ -29,29 +34,30 @@ if TYPE_CHECKING:
 
 _OUTCOMES = (PN_ACCEPTED, PN_REJECTED, PN_RELEASED, PN_MODIFIED)
 
-# The C calls of the per-message paths below, bound once: ``lib.name`` is
-# a lookup (about 30 ns) on every use.
-_pn_delivery = lib.pn_delivery
-_pn_delivery_tag = lib.pn_delivery_tag
-_pn_delivery_pending = lib.pn_delivery_pending
-_pn_link_current = lib.pn_link_current
-_pn_delivery_partial = lib.pn_delivery_partial
-_pn_delivery_readable = lib.pn_delivery_readable
-_pn_delivery_settled = lib.pn_delivery_settled
-_pn_delivery_update = lib.pn_delivery_update
-_pn_delivery_settle = lib.pn_delivery_settle
-_pn_link_credit = lib.pn_link_credit
-_pn_link_flow = lib.pn_link_flow
-_pn_link_send = lib.pn_link_send
-_pn_link_recv = lib.pn_link_recv
-_pn_link_advance = lib.pn_link_advance
+# The C calls of the per-message paths, bound once: ``lib.name`` is a lookup
+# (about 30 ns) on every use.  Public: the replication links use them too.
+pn_delivery = lib.pn_delivery
+pn_delivery_tag = lib.pn_delivery_tag
+pn_delivery_pending = lib.pn_delivery_pending
+pn_link_current = lib.pn_link_current
+pn_delivery_partial = lib.pn_delivery_partial
+pn_delivery_readable = lib.pn_delivery_readable
+pn_delivery_settled = lib.pn_delivery_settled
+pn_delivery_update = lib.pn_delivery_update
+pn_delivery_settle = lib.pn_delivery_settle
+pn_link_credit = lib.pn_link_credit
+pn_delivery_remote_state = lib.pn_delivery_remote_state
+pn_link_flow = lib.pn_link_flow
+pn_link_send = lib.pn_link_send
+pn_link_recv = lib.pn_link_recv
+pn_link_advance = lib.pn_link_advance
 _from_buffer = ffi.from_buffer
 _unpack = ffi.unpack
 
 
 def delivery_tag(delivery: Any) -> bytes:
     """The delivery's tag; a peer may send an empty one, which proton gives as NULL."""
-    tag = _pn_delivery_tag(delivery)
+    tag = pn_delivery_tag(delivery)
     return _unpack(tag.start, tag.size) if tag.size else b""
 
 
@@ -62,10 +68,22 @@ def send_payload(link: Any, tag: bytes, data: bytes) -> Any:
     which cost more than the send itself (0.62 vs 0.28 us per 100-byte message);
     so it must be ``bytes`` (cffi refuses a bytearray there).
     """
-    delivery = _pn_delivery(link, (len(tag), _from_buffer(tag)))
-    _pn_link_send(link, data, len(data))
-    _pn_link_advance(link)
+    delivery = pn_delivery(link, (len(tag), _from_buffer(tag)))
+    pn_link_send(link, data, len(data))
+    pn_link_advance(link)
     return delivery
+
+
+def send_settled(link: Any, tag: bytes, data: bytes) -> None:
+    """Send ``data`` pre-settled: a control message (status, wiring, dequeues) nobody acknowledges."""
+    pn_delivery_settle(send_payload(link, tag, data))
+
+
+def accept(delivery: Any) -> None:
+    """Accept and settle an incoming delivery (a pre-settled one is only settled)."""
+    if not pn_delivery_settled(delivery):
+        pn_delivery_update(delivery, PN_ACCEPTED)
+    pn_delivery_settle(delivery)
 
 
 _RECEIVE_BUFFER_SIZE = 64 * 1024
@@ -78,9 +96,16 @@ cost more than the copy out of it (0.36 vs 0.13 us per 150-byte read)."""
 def take_payload(link: Any, size: int) -> bytes:
     """Hot path: the ``size`` bytes of a complete incoming delivery, and move the link on."""
     buf = _receive_buffer if size <= _RECEIVE_BUFFER_SIZE else ffi.new("char[]", size)
-    _pn_link_recv(link, buf, size)
-    _pn_link_advance(link)
+    pn_link_recv(link, buf, size)
+    pn_link_advance(link)
     return _unpack(buf, size)
+
+
+def take_whole(link: Any, delivery: Any) -> bytes | None:
+    """The payload of the link's current delivery if it has arrived whole (the link moves on), else None."""
+    if pn_delivery_partial(delivery) or not pn_delivery_readable(delivery):
+        return None
+    return take_payload(link, pn_delivery_pending(delivery))
 
 
 def take_deliveries(link: Any, take: Callable[[Any], bool]) -> None:
@@ -103,11 +128,11 @@ def take_deliveries(link: Any, take: Callable[[Any], bool]) -> None:
     of the link (closed, failed or refused it): the pass ends without touching
     the link again.
     """
-    current = _pn_link_current(link)
+    current = pn_link_current(link)
     while current:
         if take(current):
             return
-        following = _pn_link_current(link)
+        following = pn_link_current(link)
         if following == current:
             return
         current = following
@@ -293,12 +318,12 @@ class IncomingLink:
         """One delivery, the link's current: taken (the link moves on), or left while partial or fenced.
         True once this link is closed (``take_deliveries``)."""
         impl = self._impl
-        size = _pn_delivery_pending(delivery)
-        if _pn_delivery_partial(delivery):
+        size = pn_delivery_pending(delivery)
+        if pn_delivery_partial(delivery):
             if self.max_message_size and size > self.max_message_size:
                 self._too_big(delivery)
             return self.closed
-        if not _pn_delivery_readable(delivery):
+        if not pn_delivery_readable(delivery):
             return self.closed
         if self.max_message_size and size > self.max_message_size:
             self._too_big(delivery)
@@ -309,23 +334,23 @@ class IncomingLink:
             self.on_fenced(self.link.connection)
             return self.closed
         data = take_payload(impl, size)
-        credit = _pn_link_credit(impl)
+        credit = pn_link_credit(impl)
         if credit < self.window // 2:
             if self.memory.blocked:
                 self.starved.add(self)
             else:
-                _pn_link_flow(impl, self.window - credit)
+                pn_link_flow(impl, self.window - credit)
         if not data:
             # proton's reconnect re-sends an in-doubt delivery as an empty transfer:
             # no message, nothing to queue (a consumer could not decode it).
             _reject(delivery, InvalidArgument("an empty transfer is not a message"))
             return self.closed
-        if _pn_delivery_settled(delivery):
+        if pn_delivery_settled(delivery):
             try:
                 self._route(data, None)
             except BrokerError:
                 pass  # at-most-once: the sender asked for no outcome
-            _pn_delivery_settle(delivery)
+            pn_delivery_settle(delivery)
             return self.closed
         completion = Completion(self._accept, delivery, self._refused)
         try:
@@ -353,8 +378,8 @@ class IncomingLink:
             return  # the link is gone; the sender will resend after failover
         if _monotonic() > self.fence.until:
             return  # fenced: no longer sure to be the only primary; left unsettled
-        _pn_delivery_update(delivery, PN_ACCEPTED)
-        _pn_delivery_settle(delivery)
+        pn_delivery_update(delivery, PN_ACCEPTED)
+        pn_delivery_settle(delivery)
 
     def _refused(self, delivery: Any, error: Exception) -> None:
         """A holder could not keep the message (the journal could not write it): the producer hears why."""

@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import structlog
-from cproton import lib
 from proton import (
     Condition,
     Connection,
@@ -449,7 +448,7 @@ class BrokerHandler(Handler):
 
     def _backlog(self, link: Link) -> Backlog | None:
         """The unwritten bytes of the link's connection, which its consumers share."""
-        wrapped = self.driver.sockets.get(lib.pn_connection_transport(link.connection._impl))
+        wrapped = self.driver.socket_of(link.connection)
         return wrapped.backlog if wrapped is not None else None
 
     def _subscribe(self, exchange: Exchange, link: Link) -> Queue:

@@ -23,19 +23,21 @@ from hastandby.broker.registry import Registry
 from hastandby.security.pipe import ClientSecurity
 from hastandby.wiring.reconcile import WiringReplica
 
-from .protocol import (
+from hastandby.replication.codec import (
     BACKUP_PROPERTY,
-    LINEAGE_PROPERTY,
-    STATUS_ADDRESS,
-    WIRING_ADDRESS,
-    Hello,
-    PeerMember,
     ProtocolError,
-    decode_hello,
-    decode_members_update,
     encode_control,
     link_properties,
     receive_control,
+)
+from .protocol import (
+    Hello,
+    LINEAGE_PROPERTY,
+    PeerMember,
+    STATUS_ADDRESS,
+    WIRING_ADDRESS,
+    decode_hello,
+    decode_members_update,
 )
 from .replicator import QueueReplicator
 

@@ -41,39 +41,40 @@ import enum
 from typing import Any, Callable
 
 import structlog
-from cproton import lib
 from proton import Condition, Connection, Endpoint, Link
 
 from hastandby.broker.driver import Driver, Timer
 from hastandby.broker import lineage
 from hastandby.broker.errors import InvalidArgument, NotFound
 from hastandby.broker.exchange import Binding
-from hastandby.broker.links import send_payload
+from hastandby.broker.links import pn_delivery_settle, send_settled
 from hastandby.broker.memory import MemoryAlarm
 from hastandby.broker.queue import Queue
 from hastandby.broker.registry import Node, Registry
 from hastandby.broker.values import plain
 from hastandby.wiring.publisher import WiringPublisher
 
-from .guard import QueueGuard
-from .protocol import (
+from hastandby.replication.guard import QueueGuard
+from hastandby.replication.codec import (
     BACKUP_PROPERTY,
-    LINEAGE_PROPERTY,
-    MEMBER_CATCHUP,
-    MEMBER_PRIMARY,
-    MEMBER_READY,
-    REPLICATE_PROPERTY,
-    STATUS_ADDRESS,
-    WIRING_ADDRESS,
-    PeerMember,
     ProtocolError,
-    decode_browser_request,
-    decode_status,
     encode_control,
     link_properties,
     receive_control,
 )
-from .subscription import ReplicatingSubscription
+from .protocol import (
+    LINEAGE_PROPERTY,
+    MEMBER_CATCHUP,
+    MEMBER_PRIMARY,
+    MEMBER_READY,
+    PeerMember,
+    REPLICATE_PROPERTY,
+    STATUS_ADDRESS,
+    WIRING_ADDRESS,
+    decode_browser_request,
+    decode_status,
+)
+from hastandby.replication.subscription import ReplicatingSubscription
 
 log = structlog.get_logger("hastandby.primary")
 
@@ -112,10 +113,10 @@ class WiringLink:
         data = encode_control(body)
         impl = self._impl
         self._seq += 1
-        lib.pn_delivery_settle(send_payload(impl, b"w%d" % self._seq, data))
+        send_settled(impl, b"w%d" % self._seq, data)
 
     def on_delivery(self, delivery: Any) -> None:
-        lib.pn_delivery_settle(delivery)
+        pn_delivery_settle(delivery)
 
     def flow(self) -> None:
         pass

@@ -15,36 +15,23 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from cproton import PN_ACCEPTED, ffi, lib
 from proton import Condition, Link, Session, Terminus
 
 import structlog
 
 from hastandby.broker import lineage, sections
 from hastandby.broker.completion import Completion
-from hastandby.broker.links import take_deliveries, take_payload
+from hastandby.broker.links import accept, delivery_tag, pn_link_flow, take_deliveries, take_whole
 from hastandby.broker.queue import Queue
 
-from .protocol import (
+from hastandby.replication.codec import (
     DEQUEUE_TAG,
     IDS_PROPERTY,
-    LINEAGE_PROPERTY,
-    REPLICATE_PROPERTY,
-    TERM_PROPERTY,
     ProtocolError,
     decode_batch,
     decode_dequeues,
 )
-
-# Bound once: ``lib.name`` is a lookup on every use, and these run per message.
-_pn_delivery_partial = lib.pn_delivery_partial
-_pn_delivery_readable = lib.pn_delivery_readable
-_pn_delivery_pending = lib.pn_delivery_pending
-_pn_delivery_settled = lib.pn_delivery_settled
-_pn_delivery_update = lib.pn_delivery_update
-_pn_delivery_settle = lib.pn_delivery_settle
-_pn_delivery_tag = lib.pn_delivery_tag
-_unpack = ffi.unpack
+from .protocol import LINEAGE_PROPERTY, REPLICATE_PROPERTY, TERM_PROPERTY
 
 log = structlog.get_logger("hastandby.backup")
 
@@ -86,7 +73,7 @@ class QueueReplicator:
         self.link = link
         self._impl = link._impl
         link.open()
-        lib.pn_link_flow(self._impl, CREDIT_WINDOW)
+        pn_link_flow(self._impl, CREDIT_WINDOW)
         return link
 
     def adopt(self, primary_lineage: Any) -> None:
@@ -115,15 +102,15 @@ class QueueReplicator:
         """Hot path: one batch of messages, as few calls per message as it takes.  The link's current
         delivery: taken (the link moves on), or left while partial.  True once the link is let go of
         (closed, or the primary refused)."""
-        if _pn_delivery_partial(delivery) or not _pn_delivery_readable(delivery):
-            return self.closed
         impl = self._impl
-        data = take_payload(impl, _pn_delivery_pending(delivery))
-        tag = _pn_delivery_tag(delivery)
+        data = take_whole(impl, delivery)
+        if data is None:
+            return self.closed
+        tag = delivery_tag(delivery)
         try:
-            if not tag.size:  # proton gives an empty tag as NULL: no batch (b...) nor dequeue (d...) tag
+            if not tag:
                 raise ProtocolError("delivery-tag", "a replication delivery needs a tag (b... or d...)")
-            if _unpack(tag.start, tag.size).startswith(DEQUEUE_TAG):
+            if tag.startswith(DEQUEUE_TAG):
                 self._dequeue(data)
                 self._accept(delivery)
             else:
@@ -135,7 +122,7 @@ class QueueReplicator:
         # engine every time, and top up once half the window is used.
         self._unflowed += 1
         if self._unflowed >= CREDIT_WINDOW // 2:
-            lib.pn_link_flow(impl, self._unflowed)
+            pn_link_flow(impl, self._unflowed)
             self._unflowed = 0
         return self.closed
 
@@ -155,9 +142,7 @@ class QueueReplicator:
     def _accept(self, delivery: Any) -> None:
         if self.closed:
             return  # the link is gone: the primary sends the batch again to the next one
-        if not _pn_delivery_settled(delivery):
-            _pn_delivery_update(delivery, PN_ACCEPTED)
-        _pn_delivery_settle(delivery)
+        accept(delivery)
 
     def _not_stored(self, delivery: Any, error: Exception) -> None:
         """The journal could not write the batch: never accept it; the link goes, the primary stops counting on us."""

@@ -15,7 +15,7 @@ link.  Ids make delivery exactly-once at the replica:
   (a standalone source restarted, its ids begin again) and is kept with the
   configuration.  Local producers are refused so no other message takes ids.
 
-Messages arrive in batches (browser/batching.py), and a batch is
+Messages arrive in batches (replication/batching.py), and a batch is
 acknowledged to the source only once the local queue has all of it for good:
 its enqueues share one ``Completion``, which the replica's own HA guards
 (when this node is a cluster primary) hold until its backups have them.  An
@@ -31,7 +31,6 @@ from collections import deque
 from typing import Any, Callable
 
 import structlog
-from cproton import PN_ACCEPTED, lib
 from proton import Condition, Connection, Endpoint, Event, Link, Message, Terminus
 
 from hastandby.broker import lineage, sections
@@ -39,18 +38,22 @@ from hastandby.broker.completion import Completion
 from hastandby.broker.driver import Driver
 from hastandby.broker.errors import BrokerError
 from hastandby.broker.fence import Fence
-from hastandby.broker.links import delivery_tag, take_deliveries, take_payload
+from hastandby.broker.links import (
+    accept,
+    delivery_tag,
+    pn_delivery_settle,
+    pn_delivery_settled,
+    pn_link_credit,
+    pn_link_flow,
+    take_deliveries,
+    take_whole,
+)
 from hastandby.broker.outbound import Address, Outbound
 from hastandby.broker.queue import MAX_MSG_ID, Queue
 from hastandby.broker.registry import Registry
 from hastandby.broker.idset import IdSet
 from hastandby.broker.values import plain
-from hastandby.browser.protocol import (
-    DEQUEUE_TAG,
-    IDS_PROPERTY,
-    decode_batch,
-    encode_control,
-)
+from hastandby.replication.codec import DEQUEUE_TAG, IDS_PROPERTY, decode_batch, encode_control
 from hastandby.node import split_hostport
 from hastandby.security.pipe import ClientSecurity
 
@@ -73,7 +76,7 @@ from .protocol import (
 log = structlog.get_logger("hastandby.dr.replica")
 
 CREDIT_WINDOW = 500
-"""Batches in flight (up to 1000 messages or 256 KiB each, browser/batching.py):
+"""Batches in flight (up to 1000 messages or 256 KiB each, replication/batching.py):
 a 50 ms WAN round trip at 100k msg/s is 5000 messages, tens of batches."""
 ACK_INTERVAL = 0.02  # seconds between cumulative acknowledgements
 MAX_ID = MAX_MSG_ID  # 2**63 - 2: a queue's ids and its next id are signed 64-bit
@@ -250,7 +253,7 @@ class ReplicaLink:
         self._generation += 1
         self.driver.register(link, self)
         link.open()
-        lib.pn_link_flow(self._impl, CREDIT_WINDOW)
+        pn_link_flow(self._impl, CREDIT_WINDOW)
         ack = session.sender(f"hastandby.dr-ack:{config.queue}:{config.key}")
         ack.target.address = ACK_ADDRESS
         ack.snd_settle_mode = Link.SND_SETTLED
@@ -370,25 +373,25 @@ class ReplicaLink:
         impl = self._impl
         if impl is None:
             return True
-        if lib.pn_delivery_partial(delivery) or not lib.pn_delivery_readable(delivery):
+        data = take_whole(impl, delivery)
+        if data is None:
             return False
-        data = take_payload(impl, lib.pn_delivery_pending(delivery))
         tag = delivery_tag(delivery)
-        credit = lib.pn_link_credit(impl)
+        credit = pn_link_credit(impl)
         if credit < CREDIT_WINDOW // 2:
-            lib.pn_link_flow(impl, CREDIT_WINDOW - credit)
+            pn_link_flow(impl, CREDIT_WINDOW - credit)
         try:
             if not self._epoch_ok:  # its attach reply had no epoch: a refusal, whose detach should follow
                 raise Refusal(INVALID_FIELD, str(EPOCH_PROPERTY), "a delivery on a link the source gave no epoch")
             if tag.startswith(STATUS_TAG):
                 self.remote, self.remote_at = check_status(data), time.monotonic()
-                lib.pn_delivery_settle(delivery)
+                pn_delivery_settle(delivery)
             elif tag.startswith(DEQUEUE_TAG):
                 ranges = check_dequeues(data).ranges()
                 if self.config.mode != "full":
                     raise Refusal(INVALID_FIELD, "dequeues", "an enqueue replica takes no dequeues")
                 self._queue.dequeue_ranges(ranges, "replicated")
-                lib.pn_delivery_settle(delivery)
+                pn_delivery_settle(delivery)
             else:
                 self._enqueue_batch(delivery, data)
         except Refusal as refusal:
@@ -401,8 +404,8 @@ class ReplicaLink:
             self.fail(BrokerError("this node may not take messages now (fenced)"))
             return
         ids, payloads = check_batch(data, self.config.base if self.config.mode == "enqueue" else 0)
-        if lib.pn_delivery_settled(delivery):  # pre-settled: acknowledged cumulatively
-            lib.pn_delivery_settle(delivery)
+        if pn_delivery_settled(delivery):  # pre-settled: acknowledged cumulatively
+            pn_delivery_settle(delivery)
             delivery = None
         last = ids[-1]
         self._pending.append(last)
@@ -430,8 +433,7 @@ class ReplicaLink:
         if not self.fence.allows():
             return  # fenced: left unacknowledged, the source keeps it
         if delivery is not None:
-            lib.pn_delivery_update(delivery, PN_ACCEPTED)
-            lib.pn_delivery_settle(delivery)
+            accept(delivery)
         pending = self._pending
         if pending and pending[0] == source_id:
             pending.popleft()

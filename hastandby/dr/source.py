@@ -23,7 +23,6 @@ import time
 from typing import Any, Callable
 
 import structlog
-from cproton import lib
 from proton import Condition, Connection, Endpoint, Link
 
 from hastandby.broker import lineage, peer
@@ -33,14 +32,14 @@ from hastandby.broker.completion import Completion
 from hastandby.broker.driver import Driver, Timer
 from hastandby.broker.errors import InvalidArgument, NotAllowed, NotFound
 from hastandby.broker.exchange import Binding
-from hastandby.broker.links import send_payload
+from hastandby.broker.links import pn_link_credit, send_settled
 from hastandby.broker.queue import Queue
 from hastandby.broker.registry import INTERNAL, REPLICATE, Node, Registry
 from hastandby.broker.values import plain
-from hastandby.browser.batching import BatchingLink
-from hastandby.browser.guard import QueueGuard
+from hastandby.replication.batching import BatchingLink
+from hastandby.replication.guard import QueueGuard
 from hastandby.broker.idset import IdSet
-from hastandby.browser.protocol import (
+from hastandby.replication.codec import (
     ADMIN_PROPERTY,
     BACKUP_PROPERTY,
     IDS_PROPERTY,
@@ -50,7 +49,7 @@ from hastandby.browser.protocol import (
     encode_control,
     receive_control,
 )
-from hastandby.browser.subscription import ReplicatingSubscription
+from hastandby.replication.subscription import ReplicatingSubscription
 
 from .protocol import (
     ACK_ADDRESS,
@@ -128,10 +127,10 @@ class StatusReporter:
 
     def _report(self) -> None:
         impl = self._impl
-        if lib.pn_link_credit(impl) > 0:
+        if pn_link_credit(impl) > 0:
             self._seq += 1
             data = encode_control(self.status())
-            lib.pn_delivery_settle(send_payload(impl, STATUS_TAG + b"%d" % self._seq, data))
+            send_settled(impl, STATUS_TAG + b"%d" % self._seq, data)
             self.count_credit()
         self._timer = self._driver.schedule(STATUS_INTERVAL, self._report)
 

@@ -47,16 +47,13 @@ from benchmarks.fuzz.node import FuzzNode
 from benchmarks.fuzz.replication import Replication
 from benchmarks.fuzz.runner import fuzz, report
 from benchmarks.fuzz.wire import Engine, Raw
+from hastandby.replication.codec import BACKUP_PROPERTY, DEQUEUE_TAG, IDS_PROPERTY, encode_batch
 from hastandby.browser.protocol import (
-    BACKUP_PROPERTY,
-    DEQUEUE_TAG,
-    IDS_PROPERTY,
     LINEAGE_PROPERTY,
     REPLICATE_PROPERTY,
     STATUS_ADDRESS,
     TERM_PROPERTY,
     WIRING_ADDRESS,
-    encode_batch,
 )
 from hastandby.dr.protocol import (
     ACK_ADDRESS,
@@ -261,7 +258,7 @@ def test_dr_replica_attach_with_properties_out_of_range(standalone: FuzzNode, pr
 
 def test_empty_delivery_on_the_dr_ack_link(standalone: FuzzNode) -> None:
     """A delivery with no payload on ``$dr.ack`` (any control link): ``receive_whole`` reads no bytes
-    (None) and browser/protocol.py:decode_control hands it to ``Message.decode``: today TypeError
+    (None) and replication/codec.py:decode_control hands it to ``Message.decode``: today TypeError
     ('a bytes-like object is required, not NoneType'), logged as ``link endpoint failed``."""
     engine = _as_dr_replica(standalone)
     try:
@@ -319,7 +316,7 @@ def test_browser_term_that_is_not_a_number(primary: FuzzNode, term: Any) -> None
 
 def test_status_message_map_with_a_binary_key(primary: FuzzNode) -> None:
     """A backup's status message ``{b"memory_alarm": True}`` (a binary key, legal AMQP): today ValueError
-    ('cannot hash writable memoryview object') from proton in browser/protocol.py:decode_control,
+    ('cannot hash writable memoryview object') from proton in replication/codec.py:decode_control,
     logged as ``link endpoint failed``."""
     engine = _fake_backup(primary)
     try:
@@ -391,7 +388,7 @@ def test_hello_primary_that_is_not_a_map(backup: Backup) -> None:
 
 def test_dequeue_that_is_not_a_list(backup: Backup) -> None:
     """A dequeue delivery (tag ``d``) on a replicating browser whose body is the number 7: today
-    TypeError ('int' object is not iterable) in browser/protocol.py:decode_dequeues."""
+    TypeError ('int' object is not iterable) in replication/codec.py:decode_dequeues."""
     _to_backup(backup, [_hello(backup), _snapshot()], browser_deliveries=[
         (DEQUEUE_TAG + b"1", bytes(Message(body=7).encode()))])
     _assert_clean(backup.node)

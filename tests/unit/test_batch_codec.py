@@ -1,11 +1,11 @@
-"""The message-batch wire form of replication links (browser/protocol.py): exact round trips,
+"""The message-batch wire form of replication links (replication/codec.py): exact round trips,
 and a clear ValueError for anything that is not a whole batch."""
 
 import struct
 
 import pytest
 
-from hastandby.browser.protocol import decode_batch, encode_batch
+from hastandby.replication.codec import decode_batch, encode_batch
 
 
 def test_round_trip_keeps_ids_payloads_and_order():

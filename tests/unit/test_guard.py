@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hastandby.broker.completion import Completion
 from hastandby.broker.queue import Queue, QueueSettings
-from hastandby.browser.guard import QueueGuard
+from hastandby.replication.guard import QueueGuard
 
 
 class Producer:

@@ -6,7 +6,7 @@ import random
 from types import SimpleNamespace
 
 from hastandby.broker.idset import IdSet
-from hastandby.browser.subscription import ReplicatingSubscription
+from hastandby.replication.subscription import ReplicatingSubscription
 
 
 def run(skip: IdSet, ids: list[int], payloads: list[bytes | None]) -> list[int]:

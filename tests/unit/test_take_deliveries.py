@@ -23,7 +23,7 @@ from hastandby.broker.fence import Fence
 from hastandby.broker.links import IncomingLink, take_deliveries
 from hastandby.broker.memory import MemoryAlarm
 from hastandby.broker.queue import Queue, QueueSettings
-from hastandby.browser.protocol import encode_batch
+from hastandby.replication.codec import encode_batch
 from hastandby.browser.replicator import QueueReplicator
 from hastandby.dr.config import ReplicationConfig
 from hastandby.dr.protocol import EPOCH_PROPERTY

@@ -6,7 +6,7 @@ from typing import Callable
 
 from hastandby.broker.completion import Completion
 from hastandby.broker.queue import Queue, QueueSettings
-from hastandby.browser.guard import QueueGuard
+from hastandby.replication.guard import QueueGuard
 from hastandby.dr.source import LINGER, TapFeeder
 
 

@@ -14,16 +14,14 @@ from hastandby.broker.memory import MemoryAlarm
 from hastandby.broker.registry import Registry
 from hastandby.browser.backup import BackupReplication
 from hastandby.browser.primary import BackupState, PrimaryReplication
+from hastandby.replication.codec import ProtocolError, decode_control, encode_control
 from hastandby.browser.protocol import (
     Hello,
     PeerMember,
-    ProtocolError,
-    decode_control,
     decode_hello,
     decode_member,
     decode_members,
     decode_members_update,
-    encode_control,
 )
 from hastandby.lifecycle.cluster_management import ClusterManagement
 from hastandby.lifecycle.ha_node import HaNode

@@ -32,25 +32,26 @@ from bisect import bisect_right
 from collections import deque
 from typing import Any, Sequence, cast
 
-from cproton import lib
 from proton import Link
 
 from hastandby.broker.driver import Driver
-from hastandby.broker.links import OutgoingLink, send_payload
+from hastandby.broker.links import (
+    OutgoingLink,
+    pn_delivery_remote_state,
+    pn_delivery_settle,
+    pn_delivery_settled,
+    pn_link_credit,
+    send_payload,
+)
 from hastandby.broker.queue import Queue
 from hastandby.broker.registry import Registry
 
-from .protocol import BATCH_TAG, encode_batch
+from .codec import BATCH_TAG, encode_batch
 
 BATCH_MESSAGES = 1000
 """At most this many messages per batch, and (below) about this many bytes:
 bounds what one link credit lets the sender put in flight."""
 BATCH_BYTES = 256 * 1024
-
-_pn_delivery_settled = lib.pn_delivery_settled
-_pn_delivery_remote_state = lib.pn_delivery_remote_state
-_pn_delivery_settle = lib.pn_delivery_settle
-_pn_link_credit = lib.pn_link_credit
 
 
 class BatchingLink(OutgoingLink):
@@ -147,7 +148,7 @@ class BatchingLink(OutgoingLink):
         self.batch_ids, self._batch_data, self._batch_bytes = [], [], 0
         delivery = send_payload(self._impl, BATCH_TAG + b"%d" % ids[0], data)
         if self.cumulative:
-            _pn_delivery_settle(delivery)
+            pn_delivery_settle(delivery)
             self.unacked.append(ids)
             self.unacked_count += len(ids)
         else:
@@ -157,7 +158,7 @@ class BatchingLink(OutgoingLink):
 
     def count_credit(self) -> None:
         """Messages the queue may still give us: whole batches the link has credit for."""
-        self.credit = _pn_link_credit(self._impl) * BATCH_MESSAGES - len(self.batch_ids)
+        self.credit = pn_link_credit(self._impl) * BATCH_MESSAGES - len(self.batch_ids)
 
     def flow(self) -> None:
         self.count_credit()
@@ -167,9 +168,9 @@ class BatchingLink(OutgoingLink):
 
     def on_delivery(self, delivery: Any) -> None:
         """The peer settled a batch: it stored every message in it."""
-        if not _pn_delivery_settled(delivery) and not _pn_delivery_remote_state(delivery):
+        if not pn_delivery_settled(delivery) and not pn_delivery_remote_state(delivery):
             return
-        _pn_delivery_settle(delivery)
+        pn_delivery_settle(delivery)
         ids = self._batches.pop(delivery, None)
         if ids is not None:
             self.awaiting_accept.difference_update(ids)

@@ -28,19 +28,18 @@ from bisect import bisect_left
 from typing import Any, Callable, Sequence
 
 import structlog
-from cproton import lib
 from proton import Link
 
 from hastandby.broker.arrivals import Arrivals
 from hastandby.broker.driver import Driver, Timer
-from hastandby.broker.links import send_payload
+from hastandby.broker.links import pn_link_credit, send_settled
 from hastandby.broker.queue import Queue
 from hastandby.broker.registry import Registry
 
 from .batching import BatchingLink
 from .guard import QueueGuard
 from hastandby.broker.idset import IdSet
-from .protocol import DEQUEUE_TAG, encode_dequeues
+from .codec import DEQUEUE_TAG, encode_dequeues
 
 log = structlog.get_logger("hastandby.replication")
 
@@ -158,12 +157,11 @@ class ReplicatingSubscription(BatchingLink):
         if self.closed or not self.pending_dequeues:
             return
         self.send_batch()  # messages browsed before the dequeues go before them
-        if lib.pn_link_credit(self._impl) <= 0:
+        if pn_link_credit(self._impl) <= 0:
             return  # flow() sends them when the backup grants more
         batch, self.pending_dequeues = self.pending_dequeues, IdSet()
         self._control_seq += 1
-        delivery = send_payload(self._impl, DEQUEUE_TAG + b"%d" % self._control_seq, encode_dequeues(batch))
-        lib.pn_delivery_settle(delivery)
+        send_settled(self._impl, DEQUEUE_TAG + b"%d" % self._control_seq, encode_dequeues(batch))
         self.count_credit()
 
     # -- the backup's acknowledgements --------------------------------------------------
