@@ -157,6 +157,10 @@ class IdSet:
             return False
         return bisect_right(self._bounds, msg_id) % 2 == 1
 
+    def __bool__(self) -> bool:
+        """Cheaper than ``len``: an empty set has no bounds."""
+        return bool(self._bounds)
+
     def __len__(self) -> int:
         bounds = self._bounds
         return sum(bounds[1::2]) - sum(bounds[0::2])

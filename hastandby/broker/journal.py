@@ -236,13 +236,12 @@ class Journal:
     def start(self) -> None:
         """Follow the durable queues and start the writer thread (after ``recover``)."""
         self.registry.observers.append(self)
-        self.registry.admission_checks.append(self.admit)
         for queue in list(self.registry.queues.values()):
             self._follow(queue)
         self._thread = threading.Thread(target=self._write_loop, name="hastandby-journal", daemon=True)
         self._thread.start()
         if self.full is not None:
-            self._schedule(PROBE_INTERVAL, self._probe)
+            self._refuse_durable(self.full)
 
     def close(self) -> None:
         """A clean shutdown: what is buffered, then the CLOSE record, on disk before this returns."""
@@ -291,8 +290,23 @@ class Journal:
             number = self._number(dequeues[0])
             self._buffer += jf.dequeue_record(number, [(dequeues[1], dequeues[2])])
 
+    def _refuse_durable(self, reason: str) -> None:
+        """Writes fail: refuse durable messages before routing (``admit``) and probe until a write works.
+
+        ``admit`` is a registry admission check only meanwhile, so a journal that writes costs messages
+        nothing before routing."""
+        if self.admit not in self.registry.admission_checks:
+            self.registry.admission_checks.append(self.admit)
+            self._schedule(PROBE_INTERVAL, self._probe)
+        self.full = reason
+
+    def _writes_again(self) -> None:
+        log.info("journal writes again: durable messages are taken again")
+        self.full = None
+        self.registry.admission_checks.remove(self.admit)
+
     def admit(self, targets: list[Queue], data: bytes) -> None:
-        """Before routing: while writes fail, a durable message for a durable queue is refused at once."""
+        """Before routing, while writes fail: a durable message for a durable queue is refused at once."""
         if self.full is not None and any(q.settings.durable for q in targets) and sections.header_durable(data):
             raise ResourceLimitExceeded(f"the journal cannot write ({self.full}): durable messages are refused")
 
@@ -326,7 +340,7 @@ class Journal:
 
     def dequeued(self, queue: Queue, msg_id: int, reason: str) -> None:
         journaled = self._journaled.get(queue)
-        if journaled is None or msg_id not in journaled:
+        if not journaled or msg_id not in journaled:  # None, or empty: a queue of non-durable messages
             return
         journaled.discard(msg_id)
         run = self._dequeue_run
@@ -453,8 +467,7 @@ class Journal:
         if error is None:
             self._written = job.size
             if self.full is not None:
-                log.info("journal writes again: durable messages are taken again")
-                self.full = None
+                self._writes_again()
             for completion, _, _ in job.held:
                 completion.release()
             return
@@ -462,8 +475,7 @@ class Journal:
         if self.full is None:
             log.error("journal write failed: durable messages are refused until it works again",
                       error=reason, disk_full=error.errno == errno.ENOSPC)
-            self._schedule(PROBE_INTERVAL, self._probe)
-        self.full = reason
+        self._refuse_durable(reason)
         failure = ResourceLimitExceeded(f"the journal cannot write ({reason}): message not taken")
         for completion, queue, msg_id in job.held:
             queue.dequeue(msg_id, "journal-failed")  # not on disk: not taken

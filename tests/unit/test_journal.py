@@ -186,10 +186,12 @@ def test_a_failed_write_rejects_the_waiting_producers_and_refuses_more(tmp_path,
     def disk_full(data: bytes) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
+    assert registry.admission_checks == []  # a journal that writes costs routing nothing
     monkeypatch.setattr(journal, "_append", disk_full)
     outcome = produce(registry, "orders", "a")
     loop.settle(until=lambda: bool(outcome))
     assert "No space left on device" in outcome[0] and journal.full
+    assert registry.admission_checks == [journal.admit]
     assert registry.queues["orders"].depth == 0  # not on disk: not taken
     with pytest.raises(ResourceLimitExceeded, match="durable messages are refused"):
         produce(registry, "orders", "b")
@@ -197,6 +199,7 @@ def test_a_failed_write_rejects_the_waiting_producers_and_refuses_more(tmp_path,
     monkeypatch.undo()
     journal.full and loop.timers.pop(0)()  # the probe: a write works again
     loop.settle(until=lambda: journal.full is None)
+    assert registry.admission_checks == []
     assert produce(registry, "orders", "d") == [] and journal.close() is None
 
 
