@@ -15,7 +15,7 @@ the C binding is fixed in two files.
 from __future__ import annotations
 
 from time import monotonic as _monotonic
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from cproton import PN_ACCEPTED, PN_MODIFIED, PN_REJECTED, PN_RELEASED, ffi, lib
 
@@ -199,6 +199,17 @@ class OutgoingLink:
             self.paused = True
             self.credit = 0
             self.backlog.paused.append(self)
+
+    def deliver_run(self, queue: Queue, ids: Sequence[int], payloads: list[bytes | None]) -> None:
+        """A run of consecutive messages, which the queue hands a browser that sees acquired ones
+        (``sees_acquired``) in one call.  One by one here; a batching link takes a run in one go."""
+        self.deliver_each(queue, ids, payloads)
+
+    def deliver_each(self, queue: Queue, ids: Sequence[int], payloads: list[bytes | None]) -> None:
+        """The messages of a run one by one, holes (removed messages, ``None``) left out."""
+        for msg_id, payload in zip(ids, payloads):
+            if payload is not None:
+                self.deliver(queue, msg_id, payload, 0)
 
     def resume(self) -> None:
         """The connection's backlog was written down: take messages again, up to the credit left."""

@@ -39,9 +39,14 @@ class Consumer(Protocol):
     credit: int
     browsing: bool
     sees_acquired: bool
+    """A replication link's browser: it sees acquired messages too, and the queue hands it runs of them."""
 
     def deliver(self, queue: "Queue", msg_id: int, data: bytes, delivery_count: int) -> None:
         """Send one message; for an acquiring consumer it is now acquired by it."""
+
+    def deliver_run(self, queue: "Queue", ids: Sequence[int], payloads: list[bytes | None]) -> None:
+        """Send a run of consecutive messages (``None``: removed since), for a browser that ``sees_acquired``
+        and never redelivers: one call per run instead of one per message."""
 
 
 class QueueObserver(Protocol):
@@ -358,7 +363,7 @@ class Queue:
         counts = self._delivery_counts
         # A browser that sees every message takes runs of them in one call
         # (a batching replication link: a call per message was most of its cost).
-        deliver_run = getattr(browser, "deliver_run", None) if browser.sees_acquired and not counts else None
+        deliver_run = browser.deliver_run if browser.sees_acquired and not counts else None
         while index < end and browser.credit > 0:
             if deliver_run is not None:
                 stop = min(end, index + browser.credit)

@@ -121,12 +121,6 @@ class BatchingLink(OutgoingLink):
         if self.batch_ids and not self._batch_due:
             self._send_later()
 
-    def deliver_each(self, queue: Queue, ids: Sequence[int], payloads: list[bytes | None]) -> None:
-        """The messages of a run one by one, holes left out."""
-        for msg_id, payload in zip(ids, payloads):
-            if payload is not None:
-                self.deliver(queue, msg_id, payload, 0)
-
     def _send_later(self) -> None:
         """Send the batch just started once this pass of events is done, or ``linger`` seconds from now."""
         self._batch_due = True

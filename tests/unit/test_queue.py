@@ -20,6 +20,11 @@ class FakeConsumer:
         self.credit -= 1
         self.got.append((msg_id, data, delivery_count))
 
+    def deliver_run(self, queue, ids, payloads):
+        for msg_id, data in zip(ids, payloads):
+            if data is not None:
+                self.deliver(queue, msg_id, data, 0)
+
 
 def make(**settings) -> Queue:
     return Queue("q", QueueSettings(**settings))
@@ -289,9 +294,7 @@ class RunConsumer(FakeConsumer):
 
     def deliver_run(self, queue, ids, payloads):
         self.runs.append(list(ids))
-        for msg_id, data in zip(ids, payloads):
-            if data is not None:
-                self.deliver(queue, msg_id, data, 0)
+        super().deliver_run(queue, ids, payloads)
 
 
 def test_replicating_browser_takes_one_run_per_deferred_pass_and_runs_stop_at_its_credit():
