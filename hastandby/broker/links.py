@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from cproton import PN_ACCEPTED, PN_MODIFIED, PN_REJECTED, PN_RELEASED, ffi, lib
 
-from proton import Condition, Connection, Delivery, Link
+from proton import Condition, Connection, Delivery, Endpoint, Link
 
 from . import sections
 from .backlog import Backlog
@@ -136,6 +136,29 @@ def take_deliveries(link: Any, take: Callable[[Any], bool]) -> None:
         if following == current:
             return
         current = following
+
+
+def receive_each(impl: Any, handle: Callable[[Delivery, bytes], None]) -> None:
+    """For low-rate links (management, wiring, status, DR acknowledgements): ``handle(delivery, payload)``
+    every complete delivery from the link's current one on, whichever delivery the event ``impl`` names
+    (``take_deliveries``), giving back a credit for each.
+
+    The pass ends when ``handle`` raises, or once it has closed the link or its connection: what is
+    still queued on a link we closed is not for us to read.
+    """
+    link = Delivery.wrap(impl).link
+
+    def take(current: Any) -> bool:
+        if pn_delivery_partial(current) or not pn_delivery_readable(current):
+            return False
+        delivery = Delivery.wrap(current)
+        data = link.recv(delivery.pending) or b""  # None for a transfer with no payload
+        link.advance()
+        link.flow(1)
+        handle(delivery, data)
+        return not (link.state & Endpoint.LOCAL_ACTIVE and link.connection.state & Endpoint.LOCAL_ACTIVE)
+
+    take_deliveries(link._impl, take)
 
 
 def receive_whole(impl: Any) -> tuple[Delivery, bytes] | None:

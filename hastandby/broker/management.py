@@ -35,7 +35,7 @@ from . import lineage
 from .authority import Authority, principal_of
 from .errors import BrokerError, InvalidArgument, NotFound
 from .limits import Limits
-from .links import close_link, receive_whole
+from .links import close_link, receive_each
 from .peer import field
 from .registry import Registry
 from .values import plain
@@ -276,10 +276,9 @@ class ManagementLink:
         self.link.flow(20)
 
     def on_delivery(self, impl: Any) -> None:
-        received = receive_whole(impl)
-        if received is None:
-            return
-        delivery, data = received
+        receive_each(impl, self._request)
+
+    def _request(self, delivery: Delivery, data: bytes) -> None:
         link = self.link
         registry = self.management.registry
         try:

@@ -28,7 +28,7 @@ from hastandby.replication.codec import (
     ProtocolError,
     encode_control,
     link_properties,
-    receive_control,
+    receive_controls,
 )
 from .protocol import (
     Hello,
@@ -55,9 +55,7 @@ class WiringReceiver:
 
     def on_delivery(self, impl: Any) -> None:
         try:
-            body = receive_control(impl)
-            if body is not None:
-                self.replication.wiring_message(body)
+            receive_controls(impl, self.replication.wiring_message)
         except ProtocolError as error:
             self.replication.refuse(error)
 

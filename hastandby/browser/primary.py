@@ -60,7 +60,7 @@ from hastandby.replication.codec import (
     ProtocolError,
     encode_control,
     link_properties,
-    receive_control,
+    receive_controls,
 )
 from .protocol import (
     LINEAGE_PROPERTY,
@@ -147,18 +147,16 @@ class StatusReceiver:
 
     def on_delivery(self, impl: Any) -> None:
         try:
-            body = receive_control(impl)
-            if body is None:
-                return
-            alarm = decode_status(body)
+            receive_controls(impl, self._status)
         except ProtocolError as error:
             log.warning("backup status refused", backup=self.node_id, condition=error.condition, error=str(error))
             self.close()
             if self.link.state & Endpoint.LOCAL_ACTIVE:
                 self.link.condition = Condition(error.condition, str(error))
                 self.link.close()
-            return
-        self.memory.set_remote(self.node_id, alarm)
+
+    def _status(self, body: dict[str, Any]) -> None:
+        self.memory.set_remote(self.node_id, decode_status(body))
 
     def flow(self) -> None:
         pass

@@ -25,12 +25,12 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
-from typing import Any
+from typing import Any, Callable
 
-from proton import Message, symbol
+from proton import Delivery, Message, symbol
 
 from hastandby.broker.idset import IdSet
-from hastandby.broker.links import receive_whole
+from hastandby.broker.links import receive_each, receive_whole
 from hastandby.broker.values import plain
 
 BACKUP_PROPERTY = symbol("qpid.ha-backup")
@@ -151,6 +151,18 @@ def decode_control(data: bytes | None) -> dict[str, Any]:
             raise ProtocolError("control message", f"key {short(key)} is not a string")
     control: dict[str, Any] = plain(body)
     return control
+
+
+def receive_controls(impl: Any, handle: Callable[[dict[str, Any]], None]) -> None:
+    """``handle`` the map of each complete control delivery of a low-rate link (``receive_each``), settled.
+
+    ProtocolError (a ValueError) if a delivery is not a control message: the pass ends there."""
+
+    def take(delivery: Delivery, data: bytes) -> None:
+        delivery.settle()
+        handle(decode_control(data))
+
+    receive_each(impl, take)
 
 
 def receive_control(impl: Any) -> dict[str, Any] | None:
