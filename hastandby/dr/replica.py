@@ -31,7 +31,7 @@ from collections import deque
 from typing import Any, Callable
 
 import structlog
-from proton import Condition, Connection, Endpoint, Event, Link, Message, Terminus
+from proton import Condition, Connection, Endpoint, Event, Link, Terminus
 
 from hastandby.broker import lineage, sections
 from hastandby.broker.completion import Completion
@@ -49,28 +49,32 @@ from hastandby.broker.links import (
     take_whole,
 )
 from hastandby.broker.outbound import Address, Outbound
-from hastandby.broker.queue import MAX_MSG_ID, Queue
+from hastandby.broker.queue import Queue
 from hastandby.broker.registry import Registry
 from hastandby.broker.idset import IdSet
-from hastandby.broker.values import plain
-from hastandby.replication.codec import DEQUEUE_TAG, IDS_PROPERTY, decode_batch, encode_control
+from hastandby.replication.codec import (
+    DEQUEUE_TAG,
+    ProtocolError,
+    decode_body,
+    decode_dequeues,
+    encode_control,
+    link_properties,
+)
 from hastandby.node import split_hostport
 from hastandby.security.pipe import ClientSecurity
 
 from .config import ReplicationConfig
 from .protocol import (
     ACK_ADDRESS,
-    ACK_PROPERTY,
     EPOCH_PROPERTY,
-    KEY_PROPERTY,
-    LINEAGE_PROPERTY,
-    MAX_BYTES_PROPERTY,
-    MAX_COUNT_PROPERTY,
-    MODE_PROPERTY,
     REPLICA_PROPERTY,
     STATUS_TAG,
     STOPPED,
-    SYNC_PROPERTY,
+    Ack,
+    AttachReply,
+    LinkRequest,
+    StatusReport,
+    decode_ordered_batch,
 )
 
 log = structlog.get_logger("hastandby.dr.replica")
@@ -79,89 +83,6 @@ CREDIT_WINDOW = 500
 """Batches in flight (up to 1000 messages or 256 KiB each, replication/batching.py):
 a 50 ms WAN round trip at 100k msg/s is 5000 messages, tens of batches."""
 ACK_INTERVAL = 0.02  # seconds between cumulative acknowledgements
-MAX_ID = MAX_MSG_ID  # 2**63 - 2: a queue's ids and its next id are signed 64-bit
-DECODE_ERROR = "amqp:decode-error"
-INVALID_FIELD = "amqp:invalid-field"
-STATUS_FIELDS = {"state": (str,), "lag_messages": (int, type(None)), "lag_seconds": (int, float, type(None)),
-                 "overflow": (int, type(None))}
-
-
-class Refusal(Exception):
-    """What a source sent is not the DR protocol: detach with ``condition``, naming ``field``."""
-
-    def __init__(self, condition: str, field: str, reason: str) -> None:
-        super().__init__(f"{field}: {reason}")
-        self.condition, self.field = condition, field
-
-
-def _decode_body(data: bytes | None, field: str) -> Any:
-    """The body of an AMQP message a source sent as a control delivery; Refusal if it is not one."""
-    if not data:
-        raise Refusal(DECODE_ERROR, field, "an empty delivery")
-    message = Message()
-    try:
-        message.decode(data)
-        return message.body  # proton decodes the body lazily in places: reading it may fail too
-    except Exception as error:  # noqa: BLE001 - proton raises many types on a peer's bad bytes
-        raise Refusal(DECODE_ERROR, field, f"not an AMQP message ({type(error).__name__}: {error})") from None
-
-
-def check_status(data: bytes | None) -> dict[str, Any]:
-    """A source's status report, with only the fields we show, each of the type the source sends."""
-    body = _decode_body(data, "status")
-    if not isinstance(body, dict):
-        raise Refusal(INVALID_FIELD, "status", f"a status report is a map, got {type(body).__name__}")
-    report: dict[str, Any] = {}
-    for key, value in body.items():
-        if not isinstance(key, str) or key not in STATUS_FIELDS:
-            continue  # a newer source may say more
-        value = plain(value)
-        if isinstance(value, bool) or not isinstance(value, STATUS_FIELDS[key]) or \
-                (isinstance(value, int) and not 0 <= value <= MAX_ID):
-            raise Refusal(INVALID_FIELD, f"status.{key}", f"{_short(value)} is not a valid {key}")
-        report[key] = value
-    return report
-
-
-def check_dequeues(data: bytes | None) -> IdSet:
-    """A source's dequeued ids (full mode): an id set of ids 1..MAX_ID."""
-    body = _decode_body(data, "dequeues")
-    if not isinstance(body, (list, tuple)):
-        raise Refusal(INVALID_FIELD, "dequeues", f"an id set is a list, got {type(body).__name__}")
-    wire = [plain(x) for x in body]
-    for value in wire:
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ID:
-            raise Refusal(INVALID_FIELD, "dequeues", f"{_short(value)} is not an id (1..{MAX_ID})")
-    try:
-        return IdSet.from_wire(wire)
-    except ValueError as error:
-        raise Refusal(INVALID_FIELD, "dequeues", str(error)) from None
-
-
-def check_batch(data: bytes | None, base: int) -> tuple[Any, list[bytes]]:
-    """A source's batch: at least one message, ids strictly increasing within 1..MAX_ID (``base``
-    added: an enqueue replica's local ids must fit too)."""
-    if data is None:
-        raise Refusal(DECODE_ERROR, "batch", "an empty delivery")
-    try:
-        ids, payloads = decode_batch(data)
-    except ValueError as error:
-        raise Refusal(DECODE_ERROR, "batch", str(error)) from None
-    if not ids:
-        raise Refusal(INVALID_FIELD, "batch ids", "a batch of no messages")
-    previous = 0
-    for source_id in ids:
-        if not 1 <= source_id <= MAX_ID - base:
-            raise Refusal(INVALID_FIELD, "batch ids", f"id {source_id} is out of range (1..{MAX_ID - base})")
-        if source_id <= previous:
-            raise Refusal(INVALID_FIELD, "batch ids", f"id {source_id} follows {previous}: ids must increase")
-        previous = source_id
-    return ids, payloads
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class ReplicaLink:
@@ -173,7 +94,7 @@ class ReplicaLink:
         registry: Registry,
         driver: Driver,
         fence: Fence,
-        me: dict[str, Any],
+        me: dict[str, Any],  # this node as a replica: ``ReplicaIdentity.to_wire()``
         save: Callable[[ReplicationConfig], None],
         heartbeat: float = 2.0,
         security: ClientSecurity | None = None,
@@ -195,7 +116,7 @@ class ReplicaLink:
         self._through = 0  # every delivery up to this source id is stored
         self._acked = 0  # the last "through" sent to the source
         self._ack_timer: Any = None
-        self.remote: dict[str, Any] = {}
+        self.remote: StatusReport | None = None  # the source's last status report on this link
         self.remote_at = 0.0
         self.received = 0
         self.duplicates = 0
@@ -232,22 +153,18 @@ class ReplicaLink:
         link = session.receiver(f"hastandby.dr:{config.queue}:{config.key}")
         link.source.address = config.queue
         link.target.address = config.queue
-        properties: dict[Any, Any] = {MODE_PROPERTY: config.mode, KEY_PROPERTY: config.key,
-                                      EPOCH_PROPERTY: config.epoch, LINEAGE_PROPERTY: config.lineage,
-                                      SYNC_PROPERTY: config.sync, ACK_PROPERTY: True}
+        held = IdSet()
         if config.mode == "full":
             link.source.distribution_mode = Terminus.DIST_MODE_COPY
             # Before a first epoch what the queue holds is not the source's (local messages, or
             # none): offered, the source would take those ids for its own and skip them.  We
             # drop them when the source answers (on_link_remote_open).
-            held = queue.id_set() if config.epoch else IdSet()
-            properties[IDS_PROPERTY] = held.to_wire()
-        else:
-            if config.max_backlog_count:
-                properties[MAX_COUNT_PROPERTY] = config.max_backlog_count
-            if config.max_backlog_bytes:
-                properties[MAX_BYTES_PROPERTY] = config.max_backlog_bytes
-        link.properties = properties
+            if config.epoch:
+                held = queue.id_set()
+        link.properties = LinkRequest(
+            config.mode, config.key, config.epoch, lineage.from_wire(config.lineage), config.sync, ack=True,
+            ids=held, max_backlog_count=config.max_backlog_count, max_backlog_bytes=config.max_backlog_bytes,
+        ).to_wire()
         self.link = link
         self._impl = link._impl
         self._generation += 1
@@ -270,32 +187,18 @@ class ReplicaLink:
 
     def on_link_remote_open(self, event: Event) -> None:
         """The source's answer, before its first batch: align with its epoch and lineage (protocol.py)."""
-        if event.link is not self.link and event.link != self.link:
+        link = event.link
+        if link is None or (link is not self.link and link != self.link):
             return
         try:
-            reply = event.link.remote_properties
-        except Exception as error:  # noqa: BLE001 - proton fails on some legal maps (binary keys)
-            self._refuse(Refusal(DECODE_ERROR, "attach properties",
-                                 f"not a map we can read ({type(error).__name__}: {error})"))
+            reply = AttachReply.from_wire(link_properties(lambda: link.remote_properties, "attach properties"))
+        except ProtocolError as error:
+            self._refuse(error)
             return
         if reply is None:
-            reply = {}
-        if not isinstance(reply, dict):
-            self._refuse(Refusal(INVALID_FIELD, "attach properties", f"not a map: {_short(reply)}"))
-            return
-        epoch = reply.get(EPOCH_PROPERTY)
-        if epoch is None or epoch == "":
             return  # a refusal: its detach follows (batches before an epoch are refused)
-        if not isinstance(epoch, str):
-            self._refuse(Refusal(INVALID_FIELD, str(EPOCH_PROPERTY), f"not a string: {_short(epoch)}"))
-            return
-        epoch = str(epoch)
+        epoch, theirs = reply.epoch, reply.lineage
         config = self.config
-        try:
-            theirs = lineage.from_wire(plain(reply.get(LINEAGE_PROPERTY)))
-        except (ValueError, TypeError) as error:
-            self._refuse(Refusal(INVALID_FIELD, str(LINEAGE_PROPERTY), str(error)))
-            return
         self.error = None
         mine = lineage.from_wire(config.lineage)
         if config.epoch and epoch != config.epoch:
@@ -332,6 +235,8 @@ class ReplicaLink:
 
     def on_link_remote_close(self, event: Event) -> None:
         link = event.link
+        if link is None:
+            return
         condition = link.remote_condition
         self.error = f"{condition.name}: {condition.description}" if condition else "link closed by the source"
         log.warning("replication link refused", queue=self.queue_name, error=self.error)
@@ -356,7 +261,7 @@ class ReplicaLink:
         self._epoch_ok = False
         self.link = None
         self._impl = None
-        self.remote = {}
+        self.remote = None
 
     # -- deliveries (driver endpoint) ----------------------------------------------------------
 
@@ -382,20 +287,23 @@ class ReplicaLink:
             pn_link_flow(impl, CREDIT_WINDOW - credit)
         try:
             if not self._epoch_ok:  # its attach reply had no epoch: a refusal, whose detach should follow
-                raise Refusal(INVALID_FIELD, str(EPOCH_PROPERTY), "a delivery on a link the source gave no epoch")
+                raise ProtocolError(str(EPOCH_PROPERTY), "a delivery on a link the source gave no epoch")
             if tag.startswith(STATUS_TAG):
-                self.remote, self.remote_at = check_status(data), time.monotonic()
+                self.remote = StatusReport.from_wire(decode_body(data, "status"))
+                self.remote_at = time.monotonic()
                 pn_delivery_settle(delivery)
             elif tag.startswith(DEQUEUE_TAG):
-                ranges = check_dequeues(data).ranges()
+                ranges = decode_dequeues(data).ranges()
                 if self.config.mode != "full":
-                    raise Refusal(INVALID_FIELD, "dequeues", "an enqueue replica takes no dequeues")
-                self._queue.dequeue_ranges(ranges, "replicated")
+                    raise ProtocolError("dequeues", "an enqueue replica takes no dequeues")
+                queue = self._queue
+                assert queue is not None  # looked up with the link (opened), before any delivery
+                queue.dequeue_ranges(ranges, "replicated")
                 pn_delivery_settle(delivery)
             else:
                 self._enqueue_batch(delivery, data)
-        except Refusal as refusal:
-            self._refuse(refusal)
+        except ProtocolError as error:
+            self._refuse(error)
         return self._impl is not impl
 
     def _enqueue_batch(self, delivery: Any, data: bytes) -> None:
@@ -403,7 +311,7 @@ class ReplicaLink:
         if not self.fence.allows():  # taking nothing we could not acknowledge (broker/fence.py)
             self.fail(BrokerError("this node may not take messages now (fenced)"))
             return
-        ids, payloads = check_batch(data, self.config.base if self.config.mode == "enqueue" else 0)
+        ids, payloads = decode_ordered_batch(data, self.config.base if self.config.mode == "enqueue" else 0)
         if pn_delivery_settled(delivery):  # pre-settled: acknowledged cumulatively
             pn_delivery_settle(delivery)
             delivery = None
@@ -411,6 +319,7 @@ class ReplicaLink:
         self._pending.append(last)
         completion = Completion(self._accept, (self._generation, delivery, last))
         queue, header_ttl, header_prefix = self._queue, sections.header_ttl, sections.HEADER_PREFIX
+        assert queue is not None  # looked up with the link (opened), before any delivery
         enqueue_mode = self.config.mode == "enqueue"
         base = self.config.base if enqueue_mode else 0
         stored = 0
@@ -457,20 +366,20 @@ class ReplicaLink:
             self._ack_timer = self.driver.schedule(ACK_INTERVAL, self._send_ack)
             return
         self._acked = self._through
-        delivery = ack.delivery(b"%d" % self._acked)
-        ack.send(encode_control({"through": self._acked}))
+        delivery = ack.delivery(str(self._acked))  # the same tag bytes: proton encodes a str tag as UTF-8
+        ack.send(encode_control(Ack(self._acked).to_wire()))
         ack.advance()
         delivery.settle()
 
     def flow(self) -> None:
         pass
 
-    def _refuse(self, refusal: Refusal) -> None:
+    def _refuse(self, error: ProtocolError) -> None:
         """The source broke the protocol: detach naming what was wrong, and reconnect later (the
         outbound backs off).  Nothing of the refused delivery was stored or acknowledged."""
-        condition, text = refusal.condition, str(refusal)
+        condition, text = error.condition, str(error)
         log.warning("replication source refused", queue=self.queue_name, condition=condition,
-                    field=refusal.field, error=text)
+                    field=error.field, error=text)
         self.error = f"{condition}: {text}"
         link = self.link
         connection = link.connection if link is not None else None
@@ -495,17 +404,18 @@ class ReplicaLink:
 
     def describe(self) -> dict[str, Any]:
         config = self.config
+        remote = self.remote or StatusReport()
         if self.link is None:
             state = "connecting"
         else:
-            state = str(self.remote.get("state", "catching up"))
+            state = remote.state if remote.state is not None else "catching up"
         report: dict[str, Any] = {
             "queue": config.queue, "source": config.source, "mode": config.mode, "sync": config.sync,
-            "state": state, "lag_messages": self.remote.get("lag_messages"),
-            "lag_seconds": self.remote.get("lag_seconds"), "overflow": self.remote.get("overflow", 0),
+            "state": state, "lag_messages": remote.lag_messages, "lag_seconds": remote.lag_seconds,
+            "overflow": remote.overflow or 0,
             "received": self.received, "duplicates_dropped": self.duplicates, "error": self.error,
         }
-        if self.remote:
+        if self.remote is not None:
             report["reported_ago"] = round(time.monotonic() - self.remote_at, 3)
         if self.outbound.connected and self.outbound.address:
             report["connected_to"] = "%s:%d" % self.outbound.address

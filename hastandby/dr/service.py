@@ -32,6 +32,7 @@ from hastandby.broker.management import Deferred, Request
 from hastandby.node import Node
 
 from .config import ConfigStore, EtcdStore, FileStore, MemoryStore, ReplicationConfig
+from .protocol import ReplicaIdentity
 from .replica import ReplicaLink
 from .source import DrSource
 
@@ -104,9 +105,9 @@ class DisasterRecovery:
             # Not durable and the node restarted: the replication says the queue exists.
             registry.declare_queue(config.queue)
             log.info("replica queue recreated", queue=config.queue, source=config.source)
-        replica = ReplicaLink(config, registry, self.node.driver, self.node.handler.fence,
-                              {"node_id": self.node.node_id, "url": self.url}, self._save_quietly, self.heartbeat,
-                              self.node.peer_security)
+        me = ReplicaIdentity(self.node.node_id, self.url).to_wire()
+        replica = ReplicaLink(config, registry, self.node.driver, self.node.handler.fence, me, self._save_quietly,
+                              self.heartbeat, self.node.peer_security)
         self.replicas[config.queue] = replica
         registry.read_only[config.queue] = (
             f"queue {config.queue!r} is a DR replica of {config.source} ({config.mode} mode): "

@@ -20,6 +20,7 @@ primary).  It claims the receiving links of connections marked
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any, Callable
 
 import structlog
@@ -38,14 +39,10 @@ from hastandby.broker.registry import INTERNAL, REPLICATE, Node, Registry
 from hastandby.broker.values import plain
 from hastandby.replication.batching import BatchingLink
 from hastandby.replication.guard import QueueGuard
-from hastandby.broker.idset import IdSet
 from hastandby.replication.codec import (
     ADMIN_PROPERTY,
     BACKUP_PROPERTY,
-    IDS_PROPERTY,
-    MAX_ID,
     ProtocolError,
-    decode_ids,
     encode_control,
     receive_control,
 )
@@ -53,21 +50,18 @@ from hastandby.replication.subscription import ReplicatingSubscription
 
 from .protocol import (
     ACK_ADDRESS,
-    ACK_PROPERTY,
-    EPOCH_PROPERTY,
-    KEY_PROPERTY,
-    LINEAGE_PROPERTY,
-    MAX_BYTES_PROPERTY,
-    MAX_COUNT_PROPERTY,
     MODE_PROPERTY,
-    MODES,
     REPLICA_PROPERTY,
     STATUS_TAG,
     STOPPED,
-    SYNC_PROPERTY,
     TAP_KEY,
     TAP_OF,
     TAP_PREFIX,
+    Ack,
+    AttachReply,
+    LinkRequest,
+    ReplicaIdentity,
+    StatusReport,
     tap_name,
 )
 
@@ -84,19 +78,11 @@ at the price of up to this much more lag."""
 
 
 def replica_info(connection: Connection) -> dict[str, Any] | None:
-    """The ``hastandby.dr-replica`` connection property, if this is a replica's connection."""
+    """The ``hastandby.dr-replica`` connection property, if this is a replica's connection.
+
+    Any map marks one; its fields are checked (``ReplicaIdentity``) when it attaches a data link."""
     info = peer.properties(connection, "connection properties").get(REPLICA_PROPERTY)
     return plain(info) if isinstance(info, dict) else None
-
-
-def _backlog_bound(properties: dict[str, Any], name: Any) -> int | None:
-    """A replica's bound on its backlog (messages or bytes), checked before it sizes a queue."""
-    value = properties.get(str(name))
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
-        raise InvalidArgument(f"bad {name}: {value!r:.80} is not a count (an integer 0..2**63-1)")
-    return int(value)
 
 
 def _is_peer(connection: Connection, authority: Authority) -> bool:
@@ -122,14 +108,14 @@ class StatusReporter:
         self._seq = 0
         self._timer: Timer | None = driver.schedule(0.0, self._report)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> StatusReport:
         raise NotImplementedError
 
     def _report(self) -> None:
         impl = self._impl
         if pn_link_credit(impl) > 0:
             self._seq += 1
-            data = encode_control(self.status())
+            data = encode_control(self.status().to_wire())
             send_settled(impl, STATUS_TAG + b"%d" % self._seq, data)
             self.count_credit()
         self._timer = self._driver.schedule(STATUS_INTERVAL, self._report)
@@ -143,39 +129,38 @@ class StatusReporter:
 class FullSourceLink(ReplicatingSubscription, StatusReporter):
     """Full mode: the queue's messages and dequeues, with catch-up by id set."""
 
-    def __init__(self, link: Link, queue: Queue, registry: Registry, driver: Driver, sync: bool,
-                 cumulative: bool, replica_ids: IdSet, replica_epoch: str, replica_lineage: lineage.Lineage,
+    def __init__(self, link: Link, queue: Queue, registry: Registry, driver: Driver, request: LinkRequest,
                  replica: str) -> None:
         # Another epoch: none of the replica's ids name our messages.  The same
         # one: those below the lineages' divergence point do.  The replica drops
         # the rest itself when it reads our answer (protocol.py).
-        foreign = bool(replica_epoch) and replica_epoch != queue.uuid
-        point = 1 if foreign else lineage.divergence(replica_lineage, queue.lineage)
+        foreign = bool(request.epoch) and request.epoch != queue.uuid
+        point = 1 if foreign else lineage.divergence(request.lineage, queue.lineage)
         # Asynchronous: sent pre-settled in lingering batches, acknowledged
         # cumulatively.  A message lost with the link is not in the id set the
         # replica sends on reconnect, so the catch-up sends it again.  --sync
         # keeps per-batch accepts at once: the replica acknowledges cumulatively
         # only every 20 ms, too slow for a waiting producer.
-        asynchronous = cumulative and not sync
-        super().__init__(link, queue, registry, driver, QueueGuard(queue) if sync else None, replica_ids,
+        sync = request.sync
+        asynchronous = request.ack and not sync
+        super().__init__(link, queue, registry, driver, QueueGuard(queue) if sync else None, request.ids,
                          on_ready=self._live, trusted_below=point, cumulative=asynchronous,
                          linger=LINGER if asynchronous else 0.0)
         StatusReporter.__init__(self, driver)
-        link.properties = {EPOCH_PROPERTY: queue.uuid, LINEAGE_PROPERTY: lineage.to_wire(queue.lineage)}
+        link.properties = AttachReply(queue.uuid, queue.lineage).to_wire()
         self.mode = "full"
         self.replica = replica
         log.info("replica attached", queue=queue.name, mode="full", replica=replica, sync=sync,
-                 replica_ids=len(replica_ids), new_epoch=foreign, trusted_below=point)
+                 replica_ids=len(request.ids), new_epoch=foreign, trusted_below=point)
 
     def _live(self, subscription: ReplicatingSubscription) -> None:
         log.info("replica live", queue=self.queue.name, mode="full", replica=self.replica)
 
-    def status(self) -> dict[str, Any]:
-        return {"state": "live" if self.ready else "catching up", "lag_messages": self.lag,
-                "lag_seconds": self.lag_seconds, "overflow": 0}
+    def status(self) -> StatusReport:
+        return StatusReport("live" if self.ready else "catching up", self.lag, self.lag_seconds, 0)
 
     def describe(self) -> dict[str, Any]:
-        return {"queue": self.queue.name, "replica": self.replica, **self.status(), "mode": "full"}
+        return {"queue": self.queue.name, "replica": self.replica, **self.status().to_wire(), "mode": "full"}
 
     def close(self) -> None:
         self._stop_reports()
@@ -281,12 +266,13 @@ class TapLink(BatchingLink, StatusReporter):
     duplicate check needs).
     """
 
-    def __init__(self, link: Link, feeder: TapFeeder, registry: Registry, driver: Driver, sync: bool,
-                 cumulative: bool, replica: str, forget: Any) -> None:
-        super().__init__(link, feeder.tap, registry, driver, browsing=True, cumulative=cumulative and not sync)
+    def __init__(self, link: Link, feeder: TapFeeder, registry: Registry, driver: Driver, request: LinkRequest,
+                 replica: str, forget: Callable[[Queue], None]) -> None:
+        sync = request.sync
+        super().__init__(link, feeder.tap, registry, driver, browsing=True, cumulative=request.ack and not sync)
         self.sees_acquired = True  # an admin's consumer on the tap takes nothing from the replica
         StatusReporter.__init__(self, driver)
-        link.properties = {EPOCH_PROPERTY: feeder.tap.uuid, LINEAGE_PROPERTY: lineage.to_wire(feeder.tap.lineage)}
+        link.properties = AttachReply(feeder.tap.uuid, feeder.tap.lineage).to_wire()
         self.mode = "enqueue"
         self.feeder = feeder
         self.replica = replica
@@ -302,16 +288,16 @@ class TapLink(BatchingLink, StatusReporter):
         """The replica has these: they leave the backlog."""
         self.queue.acknowledge_many(ids)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> StatusReport:
         feeder = self.feeder
         oldest = feeder.arrivals.oldest(feeder.is_done)
         caught_up = oldest is None or oldest[0] > self.backlog_at_attach
         state = "overflow" if feeder.overflowing else ("live" if caught_up else "catching up")
-        return {"state": state, "lag_messages": feeder.tap.depth, "lag_seconds": feeder.arrivals.age(feeder.is_done),
-                "overflow": feeder.overflow}
+        return StatusReport(state, feeder.tap.depth, feeder.arrivals.age(feeder.is_done), feeder.overflow)
 
     def describe(self) -> dict[str, Any]:
-        return {"queue": self.feeder.source.name, "replica": self.replica, **self.status(), "mode": "enqueue"}
+        return {"queue": self.feeder.source.name, "replica": self.replica, **self.status().to_wire(),
+                "mode": "enqueue"}
 
     def close(self) -> None:
         if self.closed:
@@ -332,7 +318,7 @@ class TapLink(BatchingLink, StatusReporter):
 class AckReceiver:
     """The replica's cumulative acknowledgements, for the data link of the same connection."""
 
-    def __init__(self, link: Link, endpoint_for: Callable[[Connection], Any]) -> None:
+    def __init__(self, link: Link, endpoint_for: Callable[[Connection], FullSourceLink | TapLink | None]) -> None:
         self.link = link
         self.endpoint_for = endpoint_for
         self.closed = False
@@ -345,9 +331,7 @@ class AckReceiver:
             body = receive_control(impl)
             if body is None:
                 return
-            through = body.get("through", 0)
-            if type(through) is not int or not 0 <= through <= MAX_ID:
-                raise ProtocolError("ack.through", f"{through!r:.80} is not a message id (an integer 0..2**63-2)")
+            ack = Ack.from_wire(body)
         except ProtocolError as error:  # the delivery is settled already: the link goes, naming the field
             log.warning("replica acknowledgement refused", condition=error.condition, error=str(error))
             self.close()
@@ -357,7 +341,7 @@ class AckReceiver:
             return
         endpoint = self.endpoint_for(self.link.connection)
         if endpoint is not None:
-            endpoint.acknowledged(through)
+            endpoint.acknowledged(ack.through)
 
     def flow(self) -> None:
         pass
@@ -413,33 +397,20 @@ class DrSource:
             return None
         if not self.active:
             raise NotAllowed("this node does not serve clients now: replicate from the primary")
-        mode = properties[str(MODE_PROPERTY)]
-        if mode not in MODES:
-            raise InvalidArgument(f"invalid replication mode {mode!r}: must be one of {', '.join(MODES)}")
+        try:
+            replica = ReplicaIdentity.from_wire(info).name
+            request = LinkRequest.from_wire(properties)
+        except ProtocolError as error:
+            raise InvalidArgument(str(error)) from None
         queue = self.registry.queue(address)
-        replica = str(info.get("url") or info.get("node_id") or "?")
-        sync = bool(properties.get(str(SYNC_PROPERTY)))
-        epoch = str(properties.get(str(EPOCH_PROPERTY)) or "")
-        if mode == "full":
-            try:
-                ids = decode_ids(properties.get(str(IDS_PROPERTY)), str(IDS_PROPERTY))
-            except ProtocolError as error:
-                raise InvalidArgument(f"bad {IDS_PROPERTY}: {error}") from None
-            try:
-                replica_lineage = lineage.from_wire(properties.get(str(LINEAGE_PROPERTY)))
-            except ValueError as error:
-                raise InvalidArgument(f"bad {LINEAGE_PROPERTY}: {error}") from None
-            endpoint: FullSourceLink | TapLink = FullSourceLink(
-                link, queue, self.registry, self.driver, sync, bool(properties.get(str(ACK_PROPERTY))),
-                ids, epoch, replica_lineage, replica)
+        endpoint: FullSourceLink | TapLink
+        if request.mode == "full":
+            endpoint = FullSourceLink(link, queue, self.registry, self.driver, request, replica)
         else:
-            key = str(properties.get(str(KEY_PROPERTY)) or "")
-            if not key or "." in key:
-                raise InvalidArgument(f"an enqueue-mode replica needs a key without '.', got {key!r}")
-            tap = self._tap(queue, key, properties)
+            tap = self._tap(queue, request)
             self._replace_stale_links(tap)
-            endpoint = TapLink(link, self.feeders[tap.name], self.registry, self.driver, sync,
-                               bool(properties.get(str(ACK_PROPERTY))), replica, self._forget)
+            endpoint = TapLink(link, self.feeders[tap.name], self.registry, self.driver, request, replica,
+                               self._forget)
         self.links = [e for e in self.links if not e.closed] + [endpoint]
         return endpoint
 
@@ -460,15 +431,14 @@ class DrSource:
                     transport.close_tail()
                     transport.close_head()
 
-    def _tap(self, queue: Queue, key: str, properties: dict[str, Any]) -> Queue:
+    def _tap(self, queue: Queue, request: LinkRequest) -> Queue:
         """The replication's tap, made on its first attach: replication starts there."""
-        name = tap_name(queue.name, key)
+        name = tap_name(queue.name, request.key)
         tap = self.registry.queues.get(name)
         if tap is None:
-            count = _backlog_bound(properties, MAX_COUNT_PROPERTY)
-            size = _backlog_bound(properties, MAX_BYTES_PROPERTY)
+            count, size = request.max_backlog_count, request.max_backlog_bytes
             arguments: dict[str, Any] = {
-                INTERNAL: True, TAP_OF: queue.name, TAP_KEY: key, REPLICATE: queue.settings.replicate,
+                INTERNAL: True, TAP_OF: queue.name, TAP_KEY: request.key, REPLICATE: queue.settings.replicate,
                 "qpid.policy_type": "ring",
                 "qpid.max_count": count if count else (None if size else DEFAULT_MAX_BACKLOG),
             }
@@ -510,7 +480,7 @@ class DrSource:
             feeder.close()
         for tap_feeder in list(self.feeders.values()):
             if tap_feeder.source is obj:
-                self.driver.schedule(0.0, lambda tap=tap_feeder.tap: self._forget(tap))
+                self.driver.schedule(0.0, partial(self._forget, tap_feeder.tap))
         for endpoint in self.links:
             is_source = endpoint.queue is obj or (isinstance(endpoint, TapLink) and endpoint.feeder.source is obj)
             if is_source and not endpoint.closed:
