@@ -4,17 +4,23 @@ Active while the node serves clients (a standalone node, or an HA cluster's
 primary).  It claims the receiving links of connections marked
 ``hastandby.dr-replica`` (see ``protocol``):
 
-- full mode: a ``FullSourceLink``, the hot-standby replicating browser plus a
-  status report; no producer is held back unless the replica asked for
+- full mode: a ``FullSourceLink``, the hot-standby replicating browser plus
+  ``StatusReports``; no producer is held back unless the replica asked for
   ``sync``, then a guard holds each producer's ``accepted`` until the replica
   has the message (Qpid's standalone replication behaved like that);
-- enqueue mode: a ``TapLink`` browsing the replication's *tap* queue.  A
-  ``TapFeeder`` copies every message enqueued on the source queue onto the tap,
-  so what the replica has not acknowledged stays on the source through link
-  outages and while local consumers take the original.  The tap is an
-  ordinary queue (``$dr.<key>.<queue>``, ring policy at ``--max-backlog``,
-  the source queue's replication level): an HA source cluster replicates it to
-  its backups, so it also survives the source's failover with its ids.
+- enqueue mode: a ``TapLink`` browsing the replication's *tap* queue, with
+  ``StatusReports`` too.  A ``TapFeeder`` copies every message enqueued on the
+  source queue onto the tap, so what the replica has not acknowledged stays on
+  the source through link outages and while local consumers take the
+  original.  The tap is an ordinary queue (``$dr.<key>.<queue>``, ring policy
+  at ``--max-backlog``, the source queue's replication level): an HA source
+  cluster replicates it to its backups, so it also survives the source's
+  failover with its ids.
+
+Each link has one base class from ``replication/`` and owns its status
+reports; what a replica's attach and acknowledgements say is decoded by the
+typed messages of ``protocol`` (a bad field refuses the attach, or closes the
+ack link, naming it).
 """
 
 from __future__ import annotations
@@ -93,40 +99,42 @@ def _is_peer(connection: Connection, authority: Authority) -> bool:
     return bool(properties.get(ADMIN_PROPERTY)) and authority.is_admin(principal_of(connection))
 
 
-class StatusReporter:
-    """Sends a replica a status map about once a second, on a link's spare credit.
+class StatusReports:
+    """Sends a replica a ``StatusReport`` about once a second, on spare credit of the link it reports on.
 
-    Mixed into the two source links (batching links: ``_impl`` is the raw
-    link, and ``count_credit`` recounts what they may still send).
+    Each source link owns one: ``impl`` is the link's raw C link, ``status``
+    says what to report and ``count_credit`` lets the link recount what it may
+    still send once a report took a credit.
     """
 
-    _impl: Any
-    count_credit: Callable[[], None]
-
-    def __init__(self, driver: Driver) -> None:
+    def __init__(self, impl: Any, driver: Driver, status: Callable[[], StatusReport],
+                 count_credit: Callable[[], None]) -> None:
+        self._impl = impl
         self._driver = driver
+        self._status = status
+        self._count_credit = count_credit
         self._seq = 0
-        self._timer: Timer | None = driver.schedule(0.0, self._report)
+        self._timer: Timer | None = None
 
-    def status(self) -> StatusReport:
-        raise NotImplementedError
+    def start(self) -> None:
+        """The first report goes as soon as the link is open."""
+        self._timer = self._driver.schedule(0.0, self._report)
 
     def _report(self) -> None:
         impl = self._impl
         if pn_link_credit(impl) > 0:
             self._seq += 1
-            data = encode_control(self.status().to_wire())
-            send_settled(impl, STATUS_TAG + b"%d" % self._seq, data)
-            self.count_credit()
+            send_settled(impl, STATUS_TAG + b"%d" % self._seq, encode_control(self._status().to_wire()))
+            self._count_credit()
         self._timer = self._driver.schedule(STATUS_INTERVAL, self._report)
 
-    def _stop_reports(self) -> None:
+    def stop(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
 
-class FullSourceLink(ReplicatingSubscription, StatusReporter):
+class FullSourceLink(ReplicatingSubscription):
     """Full mode: the queue's messages and dequeues, with catch-up by id set."""
 
     def __init__(self, link: Link, queue: Queue, registry: Registry, driver: Driver, request: LinkRequest,
@@ -146,12 +154,16 @@ class FullSourceLink(ReplicatingSubscription, StatusReporter):
         super().__init__(link, queue, registry, driver, QueueGuard(queue) if sync else None, request.ids,
                          on_ready=self._live, trusted_below=point, cumulative=asynchronous,
                          linger=LINGER if asynchronous else 0.0)
-        StatusReporter.__init__(self, driver)
+        self.reports = StatusReports(self._impl, driver, self.status, self.count_credit)
         link.properties = AttachReply(queue.uuid, queue.lineage).to_wire()
         self.mode = "full"
         self.replica = replica
         log.info("replica attached", queue=queue.name, mode="full", replica=replica, sync=sync,
                  replica_ids=len(request.ids), new_epoch=foreign, trusted_below=point)
+
+    def start(self) -> None:
+        super().start()
+        self.reports.start()
 
     def _live(self, subscription: ReplicatingSubscription) -> None:
         log.info("replica live", queue=self.queue.name, mode="full", replica=self.replica)
@@ -163,7 +175,7 @@ class FullSourceLink(ReplicatingSubscription, StatusReporter):
         return {"queue": self.queue.name, "replica": self.replica, **self.status().to_wire(), "mode": "full"}
 
     def close(self) -> None:
-        self._stop_reports()
+        self.reports.stop()
         super().close()
 
 
@@ -256,7 +268,7 @@ class TapFeeder:
             self._feed()
 
 
-class TapLink(BatchingLink, StatusReporter):
+class TapLink(BatchingLink):
     """Enqueue mode: the link browses the tap; the replica's acknowledgement removes messages from the backlog.
 
     Browsing, not acquiring: nobody consumes a tap (HA subscriptions browse
@@ -271,7 +283,7 @@ class TapLink(BatchingLink, StatusReporter):
         sync = request.sync
         super().__init__(link, feeder.tap, registry, driver, browsing=True, cumulative=request.ack and not sync)
         self.sees_acquired = True  # an admin's consumer on the tap takes nothing from the replica
-        StatusReporter.__init__(self, driver)
+        self.reports = StatusReports(self._impl, driver, self.status, self.count_credit)
         link.properties = AttachReply(feeder.tap.uuid, feeder.tap.lineage).to_wire()
         self.mode = "enqueue"
         self.feeder = feeder
@@ -283,6 +295,10 @@ class TapLink(BatchingLink, StatusReporter):
         feeder.tap.defer_browse = driver.after_events
         log.info("replica attached", queue=feeder.source.name, mode="enqueue", replica=replica, sync=sync,
                  backlog=feeder.tap.depth)
+
+    def start(self) -> None:
+        super().start()
+        self.reports.start()
 
     def stored(self, ids: list[int]) -> None:
         """The replica has these: they leave the backlog."""
@@ -302,13 +318,14 @@ class TapLink(BatchingLink, StatusReporter):
     def close(self) -> None:
         if self.closed:
             return
-        self._stop_reports()
+        self.reports.stop()
         if self.guard is not None:
             self.guard.cancel()
-        # Not OutgoingLink.close: nothing was acquired, and what the replica
-        # had not acknowledged is still on the tap for the next link.
-        self.closed = True
-        self.queue.remove_consumer(self)
+        # OutgoingLink.close: the link leaves the tap.  A browsing link acquired
+        # nothing, so it releases nothing: what the replica had not acknowledged
+        # is still on the tap for the next link.  Sent but unacknowledged
+        # batches are forgotten with it.
+        super().close()
         self.forget_sent()
         condition = self.link.remote_condition
         if condition is not None and condition.name == STOPPED:
