@@ -161,21 +161,6 @@ def receive_each(impl: Any, handle: Callable[[Delivery, bytes], None]) -> None:
     take_deliveries(link._impl, take)
 
 
-def receive_whole(impl: Any) -> tuple[Delivery, bytes] | None:
-    """For low-rate links (management, wiring): the message of a complete delivery.
-
-    Returns None while the delivery is still partial; otherwise reads it,
-    moves the link on and gives back one credit.
-    """
-    delivery = Delivery.wrap(impl)
-    if delivery.partial or not delivery.readable:
-        return None
-    link = delivery.link
-    data = link.recv(delivery.pending) or b""  # None for a transfer with no payload
-    link.advance()
-    link.flow(1)
-    return delivery, data
-
 
 def close_link(link: Link, error: Exception) -> None:
     """Detach a link with an AMQP error naming what went wrong."""

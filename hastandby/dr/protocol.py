@@ -299,7 +299,7 @@ class Ack:
 
     @classmethod
     def from_wire(cls, body: dict[str, Any]) -> Ack:
-        """From the control map (``codec.receive_control``); ProtocolError naming ``ack.through``."""
+        """From the control map (``codec.receive_controls``); ProtocolError naming ``ack.through``."""
         through = body.get("through", 0)
         if type(through) is not int or not 0 <= through <= MAX_ID:
             raise ProtocolError("ack.through", f"{short(through)} is not a message id (an integer 0..2**63-2)")

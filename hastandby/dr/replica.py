@@ -73,6 +73,7 @@ from .protocol import (
     Ack,
     AttachReply,
     LinkRequest,
+    ReplicaIdentity,
     StatusReport,
     decode_ordered_batch,
 )
@@ -94,7 +95,7 @@ class ReplicaLink:
         registry: Registry,
         driver: Driver,
         fence: Fence,
-        me: dict[str, Any],  # this node as a replica: ``ReplicaIdentity.to_wire()``
+        me: ReplicaIdentity,  # this node as a replica, for the source's logs and status
         save: Callable[[ReplicationConfig], None],
         heartbeat: float = 2.0,
         security: ClientSecurity | None = None,
@@ -122,7 +123,7 @@ class ReplicaLink:
         self.duplicates = 0
         self.error: str | None = None
         self._addresses: list[Address] = [split_hostport(a) for a in config.addresses()]
-        self.outbound = Outbound(driver, lambda: self._addresses, self, properties={REPLICA_PROPERTY: me},
+        self.outbound = Outbound(driver, lambda: self._addresses, self, properties={REPLICA_PROPERTY: me.to_wire()},
                                  container_id=f"hastandby-dr-{config.key}", idle_timeout=heartbeat, max_delay=2.0,
                                  security=security)
 

@@ -105,7 +105,7 @@ class DisasterRecovery:
             # Not durable and the node restarted: the replication says the queue exists.
             registry.declare_queue(config.queue)
             log.info("replica queue recreated", queue=config.queue, source=config.source)
-        me = ReplicaIdentity(self.node.node_id, self.url).to_wire()
+        me = ReplicaIdentity(self.node.node_id, self.url)
         replica = ReplicaLink(config, registry, self.node.driver, self.node.handler.fence, me, self._save_quietly,
                               self.heartbeat, self.node.peer_security)
         self.replicas[config.queue] = replica

@@ -50,7 +50,7 @@ from hastandby.replication.codec import (
     BACKUP_PROPERTY,
     ProtocolError,
     encode_control,
-    receive_control,
+    receive_controls,
 )
 from hastandby.replication.subscription import ReplicatingSubscription
 
@@ -345,17 +345,16 @@ class AckReceiver:
 
     def on_delivery(self, impl: Any) -> None:
         try:
-            body = receive_control(impl)
-            if body is None:
-                return
-            ack = Ack.from_wire(body)
+            receive_controls(impl, self._acknowledged)
         except ProtocolError as error:  # the delivery is settled already: the link goes, naming the field
             log.warning("replica acknowledgement refused", condition=error.condition, error=str(error))
             self.close()
             if self.link.state & Endpoint.LOCAL_ACTIVE:
                 self.link.condition = Condition(error.condition, str(error))
                 self.link.close()
-            return
+
+    def _acknowledged(self, body: dict[str, Any]) -> None:
+        ack = Ack.from_wire(body)
         endpoint = self.endpoint_for(self.link.connection)
         if endpoint is not None:
             endpoint.acknowledged(ack.through)

@@ -30,7 +30,7 @@ from typing import Any, Callable
 from proton import Delivery, Message, symbol
 
 from hastandby.broker.idset import IdSet
-from hastandby.broker.links import receive_each, receive_whole
+from hastandby.broker.links import receive_each
 from hastandby.broker.values import plain
 
 BACKUP_PROPERTY = symbol("qpid.ha-backup")
@@ -163,18 +163,6 @@ def receive_controls(impl: Any, handle: Callable[[dict[str, Any]], None]) -> Non
         handle(decode_control(data))
 
     receive_each(impl, take)
-
-
-def receive_control(impl: Any) -> dict[str, Any] | None:
-    """The map of a complete control delivery on a low-rate link (settled here); None while partial.
-
-    ProtocolError (a ValueError) if the delivery is not a control message."""
-    received = receive_whole(impl)
-    if received is None:
-        return None
-    delivery, data = received
-    delivery.settle()
-    return decode_control(data)
 
 
 def decode_term(value: Any, field: str) -> int:

@@ -236,6 +236,9 @@ class ReplicatingSubscription(BatchingLink):
     # -- end ------------------------------------------------------------------------------
 
     def close(self) -> None:
+        """Leave the queue.  Not ``OutgoingLink.close``: a subscription acquired nothing, so it releases
+        nothing, and it is no consumer, so its going must not count towards an auto-delete queue's last
+        consumer (``Registry.consumers_changed``)."""
         if self.closed:
             return
         self.closed = True

@@ -184,7 +184,7 @@ def test_flow_from_a_producer(standalone: FuzzNode) -> None:
 
 
 def test_empty_management_request(standalone: FuzzNode) -> None:
-    """A transfer with no payload to ``$management``: ``receive_whole`` reads None, and management.py
+    """A transfer with no payload to ``$management``: ``receive_each`` reads none, and management.py
     ``on_delivery`` takes ``len(None)``: TypeError, ``link endpoint failed``, the management link closed."""
     frames = [amqp.AMQP_HEADER, amqp.open_(), amqp.begin(), amqp.attach("fz-mgmt", 0, amqp.SENDER, "$management"),
               amqp.Wait(amqp.FLOW), amqp.transfer(0, 0, b"m", b""), amqp.Wait(amqp.DISPOSITION), amqp.close()]
@@ -257,7 +257,7 @@ def test_dr_replica_attach_with_properties_out_of_range(standalone: FuzzNode, pr
 
 
 def test_empty_delivery_on_the_dr_ack_link(standalone: FuzzNode) -> None:
-    """A delivery with no payload on ``$dr.ack`` (any control link): ``receive_whole`` reads no bytes
+    """A delivery with no payload on ``$dr.ack`` (any control link): ``receive_each`` reads no bytes
     (None) and replication/codec.py:decode_control hands it to ``Message.decode``: today TypeError
     ('a bytes-like object is required, not NoneType'), logged as ``link endpoint failed``."""
     engine = _as_dr_replica(standalone)

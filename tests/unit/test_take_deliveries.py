@@ -26,7 +26,7 @@ from hastandby.broker.queue import Queue, QueueSettings
 from hastandby.replication.codec import encode_batch
 from hastandby.browser.replicator import QueueReplicator
 from hastandby.dr.config import ReplicationConfig
-from hastandby.dr.protocol import EPOCH_PROPERTY
+from hastandby.dr.protocol import EPOCH_PROPERTY, ReplicaIdentity
 from hastandby.dr.replica import ReplicaLink
 
 
@@ -210,7 +210,7 @@ def _replica(pair: Pair, fence: Fence) -> tuple[ReplicaLink, Queue, Link]:
     queue = Queue("q", QueueSettings(replicate="all"))
     registry = SimpleNamespace(queue=lambda name: queue)
     replica = ReplicaLink(ReplicationConfig("q", "127.0.0.1:1"), registry, _Driver(), fence,  # type: ignore[arg-type]
-                          {}, lambda config: None)
+                          ReplicaIdentity(), lambda config: None)
     replica.opened(pair.near)
     link = replica.link
     assert link is not None
