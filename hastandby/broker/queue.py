@@ -50,7 +50,12 @@ class Consumer(Protocol):
 
 
 class QueueObserver(Protocol):
-    """The hooks HA uses to follow a queue (Qpid's QueueObserver)."""
+    """The hooks HA and the journal use to follow a queue (Qpid's QueueObserver).
+
+    An observer whose class says ``follows_acquisitions = False`` (the journal:
+    it records what is stored, not who holds it) is not called for ``acquired``
+    and ``released``, which come with every delivery to a consumer.
+    """
 
     def enqueued(self, queue: "Queue", msg_id: int, data: bytes, completion: Completion | None) -> None: ...
 
@@ -90,6 +95,7 @@ class Queue:
         self.settings = settings
         self.uuid = object_uuid or str(uuidlib.uuid4())
         self.observers: list[QueueObserver] = []
+        self._acquisition_observers: list[QueueObserver] = []  # those called for acquired/released too
         self.consumers: list[Consumer] = []
         self.browsers: list[Consumer] = []
         self.deleted = False
@@ -133,11 +139,16 @@ class Queue:
     # -- observers -------------------------------------------------------
 
     def add_observer(self, observer: QueueObserver) -> None:
-        """Follow this queue.  Safe from inside an observer callback: the list is rebound."""
+        """Follow this queue.  Safe from inside an observer callback: the lists are rebound."""
         self.observers = [*self.observers, observer]
+        self._follow_acquisitions()
 
     def remove_observer(self, observer: QueueObserver) -> None:
         self.observers = [o for o in self.observers if o is not observer]
+        self._follow_acquisitions()
+
+    def _follow_acquisitions(self) -> None:
+        self._acquisition_observers = [o for o in self.observers if getattr(o, "follows_acquisitions", True)]
 
     # -- producing -------------------------------------------------------
 
@@ -346,7 +357,7 @@ class Queue:
                 self.stats["expired"] += 1
                 continue
             self._acquired[msg_id] = consumer
-            for observer in self.observers:
+            for observer in self._acquisition_observers:
                 observer.acquired(self, msg_id)
             consumer.deliver(self, msg_id, self._data[index], self._delivery_counts.get(msg_id, 0))
 
@@ -467,7 +478,7 @@ class Queue:
             return
         if index < self._head:
             self._head = index
-        for observer in self.observers:
+        for observer in self._acquisition_observers:
             observer.released(self, msg_id)
         self.dispatch()
 

@@ -93,16 +93,22 @@ def header_durable(buf: bytes) -> bool:
     """The header's ``durable`` flag (False without a header).
 
     A node with a journal asks this of every message on a durable queue, most
-    of them not durable, so proton's usual encoding (a list8 whose first field
-    is null, false or true) is answered from one byte; anything else goes to
-    ``header_durable_ttl``.
+    of them not durable, so proton's usual encodings (an empty list, or a list8
+    whose first field is null, false or true) are answered from one byte;
+    anything else goes to ``header_durable_ttl``.
     """
-    if len(buf) > 6 and buf[3] == 0xC0 and buf.startswith(HEADER_PREFIX):
-        first = buf[6] if buf[5] else 0x40  # no field: not durable
-        if first == 0x41:
-            return True
-        if first == 0x40 or first == 0x42:
+    if not buf.startswith(HEADER_PREFIX):
+        return False
+    if len(buf) > 6:
+        kind = buf[3]
+        if kind == _EMPTY_LIST:  # the proton C clients' header when every field is the default
             return False
+        if kind == 0xC0:
+            first = buf[6] if buf[5] else 0x40  # no field: not durable
+            if first == 0x41:
+                return True
+            if first == 0x40 or first == 0x42:
+                return False
     return header_durable_ttl(buf)[0]
 
 

@@ -50,3 +50,15 @@ def test_an_unusual_encoding_goes_to_the_decoder():
     buf = bytes(data.encode())
     assert sections._read_header(buf) is None
     assert sections.header_durable(buf) is True and sections.header_ttl(buf) == 5000
+
+
+def test_an_empty_header_list_is_answered_without_the_decoder(monkeypatch):
+    """The proton C clients send a header with every field at its default as an empty list (0x45)."""
+    buf = sections.HEADER_PREFIX + b"\x45" + bytes(Message(body="x").encode())
+    assert decoded(buf) == (False, None)
+
+    def no_decoder(data: bytes) -> None:
+        raise AssertionError("decoded the slow way")
+
+    monkeypatch.setattr(sections, "header_durable_ttl", no_decoder)
+    assert sections.header_durable(buf) is False

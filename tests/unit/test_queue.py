@@ -270,7 +270,7 @@ class Recorder:
 def test_observers_see_every_transition_and_may_hold_completion():
     q = make()
     recorder = Recorder()
-    q.observers.append(recorder)
+    q.add_observer(recorder)
     done = []
     completion = Completion(done.append, "token")
     q.enqueue(b"m", completion)
@@ -283,6 +283,24 @@ def test_observers_see_every_transition_and_may_hold_completion():
     q.release(1, delivery_failed=False)
     q.dequeue(1, "expired")
     assert recorder.events == [("enqueued", 1), ("acquired", 1), ("released", 1), ("acquired", 1), ("dequeued", 1, "expired")]
+
+
+def test_an_observer_that_does_not_follow_acquisitions_sees_only_what_is_stored():
+    """The journal's way (``follows_acquisitions = False``): no call for each delivery to a consumer."""
+
+    class Stored(Recorder):
+        follows_acquisitions = False
+
+    q = make()
+    stored, every = Stored(), Recorder()
+    q.add_observer(stored)
+    q.add_observer(every)
+    q.enqueue(b"m")
+    q.add_consumer(FakeConsumer(credit=2))
+    q.release(1, delivery_failed=False)
+    q.dequeue(1, "consumed")
+    assert stored.events == [("enqueued", 1), ("dequeued", 1, "consumed")]
+    assert every.events == [("enqueued", 1), ("acquired", 1), ("released", 1), ("acquired", 1), ("dequeued", 1, "consumed")]
 
 
 class RunConsumer(FakeConsumer):
