@@ -744,7 +744,8 @@ BENCHMARKS = {"throughput": "benchmarks.throughput", "ha-throughput": "benchmark
               "catchup": "benchmarks.catchup", "failover": "benchmarks.failover", "dr-lag": "benchmarks.dr_lag",
               "nemesis": "benchmarks.nemesis",
               "security": "benchmarks.security",
-              "overload": "benchmarks.overload", "durable": "benchmarks.durable"}
+              "overload": "benchmarks.overload", "durable": "benchmarks.durable",
+              "journal-cost": "benchmarks.journal_cost"}
 
 
 def _run_module_main(module: str, argv: list[str]) -> None:
