@@ -31,7 +31,7 @@ import selectors
 import socket
 import ssl
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import structlog
 from cproton import (
@@ -76,6 +76,20 @@ def address_of(impl: Any) -> int:
     busy primary's CPU when done for every engine event (py-spy).
     """
     return int(ffi.cast("uintptr_t", impl))
+
+
+class LinkEndpoint(Protocol):
+    """What the driver calls on a registered link (``Driver.register``), with raw C pointers (hot path).
+
+    A sending endpoint also has ``flow()``, called when the peer grants credit; a receiving one need
+    not: a peer's flow frame for its own sending end asks nothing of us.
+    """
+
+    def on_delivery(self, delivery: Any, /) -> None:
+        """A delivery event on the link: a transfer in, or a peer's disposition."""
+
+    def fail(self, error: Exception, /) -> None:
+        """``on_delivery`` or ``flow`` raised: fail this link only; the node goes on."""
 
 
 class Timer:
@@ -364,7 +378,7 @@ class Driver:
         self.selector = selectors.DefaultSelector()
         self.collector = Collector()
         self._c_impl = self.collector._impl
-        self.endpoints: dict[Any, Any] = {}  # C link pointer -> endpoint
+        self.endpoints: dict[Any, LinkEndpoint] = {}  # C link pointer -> endpoint
         self._pinned: dict[Any, Any] = {}  # C link pointer -> its wrapper
         self.sockets: dict[Any, Socket] = {}  # C transport pointer -> socket
         self.dirty: set[Socket] = set()
@@ -385,7 +399,7 @@ class Driver:
 
     # -- registration ----------------------------------------------------------
 
-    def register(self, link: Any, endpoint: Any) -> None:
+    def register(self, link: Any, endpoint: LinkEndpoint) -> None:
         """Route a link's deliveries and flow straight to ``endpoint``.
 
         The endpoint gets ``on_delivery(raw_delivery)``, ``flow()``, and
