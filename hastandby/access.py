@@ -37,6 +37,7 @@ def register_access_operations(management: Management, authority: Authority, acl
             users.save()
         except CredentialsError as error:
             raise (NotFound if "no such user" in str(error) else InvalidArgument)(str(error)) from None
+        authority.changed()
         return 200, {"users": users.describe()}
 
     def add(request: Request) -> tuple[int, Any]:
@@ -53,7 +54,7 @@ def register_access_operations(management: Management, authority: Authority, acl
         return changed(request, lambda: users.delete(str(text(request, "user"))))
 
     def reload(request: Request) -> tuple[int, Any]:
-        if acl_file is None:
+        if acl_file is None or not acl_file.exists():
             raise InvalidArgument("this node has no ACL file (--acl-file)")
         try:
             return 200, {"acl": authority.reload_acl(acl_file)}

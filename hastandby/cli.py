@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from .broker.registry import LEVELS
-from .client import Login, ManagementClient, ManagementError, read_password
+from .client import Login, ManagementClient, ManagementError, read_password, redirected
 from .logs import FORMATS
 from .verify import verify as run_verify
 
@@ -45,6 +45,19 @@ def _request(broker: str, operation: str, type: str = "", name: str = "", body: 
             return client.request(operation, type, name, body)
     except ManagementError as error:
         raise click.ClickException(str(error)) from None
+
+
+def _request_primary(broker: str, operation: str, body: dict[str, Any] | None = None) -> Any:
+    """A change to cluster state (users, ACL): a backup names its primary, and the request goes there."""
+    try:
+        with _client(broker) as client:
+            return client.request(operation, body=body)
+    except ManagementError as error:
+        if error.primary is None:
+            raise click.ClickException(str(error)) from None
+        primary = error.primary
+    click.echo(f"{broker} is a backup: sent to the primary, {primary}", err=True)
+    return _request(redirected(broker, primary), operation, body=body)
 
 
 @click.group()
@@ -662,7 +675,8 @@ def _edit_users(users_file: Path | None, broker: str | None, operation: str, bod
     if (users_file is None) == (broker is None):
         raise click.UsageError("give --users-file FILE (offline) or -b NODE (a running node)")
     if broker is not None:
-        result = _request(broker, operation, body=body)
+        result = _request_primary(broker, operation, body=body) if operation != "USER-LIST" \
+            else _request(broker, operation, body=body)
     else:
         try:
             store = Credentials.load(users_file)
@@ -679,7 +693,10 @@ def _edit_users(users_file: Path | None, broker: str | None, operation: str, bod
 
 @main.group()
 def user() -> None:
-    """Manage a node's users (salted secrets only; groups admin and cluster mean something to the node)."""
+    """Manage the users (salted secrets only; groups admin and cluster mean something to the node).
+
+    In a cluster the users are the cluster's: a change given to a backup goes to its primary, which
+    replicates it to every node."""
 
 
 @user.command("add")
@@ -732,8 +749,9 @@ def acl() -> None:
 @acl.command("reload")
 @_broker_option
 def acl_reload(broker: str) -> None:
-    """Read the node's ACL file again (a file with a mistake leaves the rules as they were)."""
-    result = _request(broker, "ACL-RELOAD")
+    """Read the primary's ACL file again and give its rules to every node (a file with a mistake leaves the
+    rules as they were); on a backup, the request goes to its primary."""
+    result = _request_primary(broker, "ACL-RELOAD")
     click.echo(f"{broker}: ACL reloaded from {result['acl']}")
 
 

@@ -91,6 +91,14 @@ class Login:
         return options
 
 
+def redirected(broker: str, primary: str) -> str:
+    """``primary`` (``host:port`` or ``amqps://host:port``) with the credentials ``broker`` carried."""
+    parts = urlsplit(broker if "://" in broker else f"amqp://{broker}")
+    target = urlsplit(primary if "://" in primary else f"{parts.scheme}://{primary}")
+    userinfo = broker.split("://", 1)[-1].rpartition("@")[0] if parts.username else ""
+    return f"{target.scheme}://{userinfo + '@' if userinfo else ''}{target.netloc}"
+
+
 def _is_ip_address(host: str) -> bool:
     try:
         ipaddress.ip_address(host.strip("[]"))
@@ -111,10 +119,12 @@ def read_password(path: Path) -> str:
 class ManagementError(Exception):
     """A request failed; the message says why, in words for a person."""
 
-    def __init__(self, message: str, status: int | None = None, unreachable: bool = False) -> None:
+    def __init__(self, message: str, status: int | None = None, unreachable: bool = False,
+                 primary: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.unreachable = unreachable  # nothing listens there: the node is down, not merely refusing
+        self.primary = primary  # a backup that sends this request to its primary names it here
 
 
 class ManagementClient:
@@ -150,7 +160,9 @@ class ManagementClient:
         if status >= 400:
             description = str(properties.get("statusDescription", "request failed"))
             condition = properties.get("condition")
-            raise ManagementError(f"{condition}: {description}" if condition else description, status)
+            primary = reply.body.get("primary") if isinstance(reply.body, dict) else None
+            raise ManagementError(f"{condition}: {description}" if condition else description, status,
+                                  primary=str(primary) if primary else None)
         return reply.body
 
     def close(self) -> None:

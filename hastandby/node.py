@@ -20,7 +20,7 @@ from proton import Condition
 
 from . import __version__
 from .access import register_access_operations
-from .broker.authority import Authority
+from .broker.authority import Authority, principal_of
 from .broker.blocking import BlockingCalls
 from .broker.journal import Journal
 from .broker.limits import Limits
@@ -71,6 +71,13 @@ class NodeConfig:
         return self.data_dir / "users.json" if self.data_dir is not None else None
 
     @property
+    def acl_path(self) -> Path | None:
+        """The node's ACL file: ``--acl-file``, else ``<data-dir>/acl`` (where a backup keeps its primary's)."""
+        if self.acl_file is not None:
+            return self.acl_file
+        return self.data_dir / "acl" if self.data_dir is not None else None
+
+    @property
     def address(self) -> str:
         """The address this node is known by: its plain listener, else its TLS one."""
         return self.listen or self.listen_tls or ""
@@ -106,10 +113,14 @@ class Node:
         self.registry = Registry(config.replicate, config.auto_create, scheduler=self.schedule)
         users_path = config.users_path
         self.users = Credentials.load(users_path) if users_path is not None else Credentials()
-        policy = Acl.load(config.acl_file) if config.acl_file is not None else None
+        acl_path = config.acl_path
+        if acl_path is not None and config.acl_file is None and not acl_path.exists():
+            acl_path = None  # no ACL file given, none kept from a primary
+        policy = Acl.load(acl_path) if acl_path is not None else None
         self.authority = Authority(self.users, policy, config.allow_anonymous)
         self.management = Management(self.registry, self.status, self.authority, config.limits)
-        register_access_operations(self.management, self.authority, config.acl_file)
+        register_access_operations(self.management, self.authority, config.acl_path)
+        self.authority.listeners.append(lambda: self.schedule(0.0, self._close_removed_users))
         self.handler = BrokerHandler(
             self.registry,
             self.management,
@@ -251,13 +262,23 @@ class Node:
 
     def reload_acl(self) -> None:
         """SIGHUP: read the ACL file again; a file with a mistake leaves the rules as they were."""
-        if self.config.acl_file is None:
+        path = self.config.acl_path
+        if path is None or not path.exists():
             log.info("SIGHUP: no ACL file to reload")
             return
         try:
-            self.authority.reload_acl(self.config.acl_file)
+            self.authority.reload_acl(path)
         except AclError as error:
             log.error("ACL not reloaded, the rules stay as they were", reason=str(error))
+
+    def _close_removed_users(self) -> None:
+        """A user removed (here or on the primary) keeps no connection open."""
+        refusal = Refusal(Condition("amqp:unauthorized-access", "user removed"))
+        for connection in list(self.handler.connections):
+            principal = principal_of(connection)
+            if not principal.anonymous and principal.user not in self.users:
+                log.info("closing the connection of a removed user", user=principal.user)
+                self.handler.close_connection(connection, refusal)
 
     def _finish(self) -> None:
         self.blocking.close()

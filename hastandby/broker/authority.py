@@ -13,12 +13,17 @@ connection (which may inspect a backup) must be in the ``admin`` group.  A
 connection property claiming either grants nothing by itself.  With
 ``--allow-anonymous`` an anonymous connection has every right (qpidd's
 ``--auth no``) unless an ACL file says otherwise.
+
+Users and rules are cluster state: ``listeners`` hear of every change made
+here (a user added, a password set, the ACL reloaded), which is how HA
+replicates them without the core knowing of HA, and ``adopt`` takes a
+primary's whole set on a backup.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import structlog
 
@@ -43,6 +48,7 @@ class Authority:
         self.users = users
         self.policy = policy or Policy()
         self.allow_anonymous = allow_anonymous
+        self.listeners: list[Callable[[], None]] = []  # told after every change to users or rules
 
     def groups(self, principal: Principal) -> frozenset[str]:
         return frozenset() if principal.anonymous else self.users.groups(principal.user)
@@ -71,4 +77,16 @@ class Authority:
         """Read the ACL file again; on a mistake keep the current rules (AclError says why)."""
         self.policy = Acl.load(path)
         log.info("ACL loaded", file=str(path), rules=len(self.policy.rules))
+        self.changed()
         return self.policy.source
+
+    def adopt(self, users: Credentials, policy: Policy) -> None:
+        """Take another node's users and rules as this node's (a backup following its primary)."""
+        self.users.replace(users)
+        self.policy = policy
+        self.changed()
+
+    def changed(self) -> None:
+        """Users or rules changed: tell the listeners."""
+        for listener in list(self.listeners):
+            listener()

@@ -8,6 +8,7 @@ class BrokerError(Exception):
 
     condition = "amqp:internal-error"
     status = 500
+    body: object = None  # a reply body with details a client can act on (a primary's address ...)
 
 
 class NotFound(BrokerError):
@@ -38,3 +39,14 @@ class AlreadyExists(BrokerError):
 class NotAllowed(BrokerError):
     condition = "amqp:unauthorized-access"
     status = 403
+
+
+class NotPrimary(BrokerError):
+    """Cluster state (users, ACL) changes on the primary: the body names it, so a client can go there."""
+
+    condition = "amqp:not-allowed"
+    status = 421  # HTTP's "misdirected request"
+
+    def __init__(self, message: str, primary: str | None) -> None:
+        super().__init__(message)
+        self.body = {"primary": primary}

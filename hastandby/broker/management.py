@@ -10,8 +10,9 @@ refusal, ``condition``: the AMQP error condition, e.g.
 Management draft, which qpid-dispatch and Artemis also speak.
 
 Layers above the core add operations (HA adds PROMOTE, ...) with ``register``
-and may veto changes with ``guards`` (a backup refuses to modify replicated
-objects).
+and may veto every request but QUERY, STATUS and PING with ``guards`` (a
+backup refuses to modify replicated objects, and sends user and ACL changes
+to the primary).
 
 Every request is authorized (``authority.py``) before it runs: CREATE,
 DELETE and PURGE as those actions on the object named, BIND and UNBIND as
@@ -89,7 +90,7 @@ class Deferred:
         self._settle((code, body, "OK", None))
 
     def fail(self, error: BrokerError) -> None:
-        self._settle((error.status, None, str(error), error.condition))
+        self._settle((error.status, error.body, str(error), error.condition))
 
     def then(self, callback: Callable[[int, Any, str, str | None], None]) -> None:
         self._then = callback
@@ -138,7 +139,7 @@ class Management:
                 known = ", ".join(sorted(self._operations))
                 raise InvalidArgument(f"unknown operation {request.operation!r}: expected one of {known}")
             self._authorize(request)
-            if request.operation in MUTATING:
+            if request.operation not in READ_ONLY:
                 for guard in self.guards:
                     guard(request)
             outcome = operation(request)

@@ -21,6 +21,7 @@ from hastandby.broker.outbound import Address, Outbound
 from hastandby.broker.queue import Queue
 from hastandby.broker.registry import Registry
 from hastandby.security.pipe import ClientSecurity
+from hastandby.wiring.access import ACCESS, AccessReplica
 from hastandby.wiring.reconcile import WiringReplica
 
 from hastandby.replication.codec import (
@@ -86,8 +87,10 @@ class BackupReplication:
         on_lost: Callable[[str], None],
         memory: MemoryAlarm,
         security: ClientSecurity | None = None,
+        access: AccessReplica | None = None,
     ) -> None:
         self.registry = registry
+        self.access = access  # the primary's users and rules, adopted as this node's
         self.driver = driver
         self.me = me
         self.term = term
@@ -233,6 +236,12 @@ class BackupReplication:
         elif kind == "members":
             term, members = decode_members_update(body)
             self.on_members(term, members)
+        elif kind == ACCESS:
+            if self.access is not None and self.primary is not None:  # only from a primary whose hello was taken
+                try:
+                    self.access.apply(body)
+                except ValueError as error:
+                    self.resync(str(error))
         else:
             try:
                 self.replica.apply(body)

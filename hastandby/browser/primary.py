@@ -43,6 +43,7 @@ from typing import Any, Callable
 import structlog
 from proton import Condition, Connection, Endpoint, Link
 
+from hastandby.broker.authority import Authority
 from hastandby.broker.driver import Driver, Timer
 from hastandby.broker import lineage
 from hastandby.broker.errors import InvalidArgument, NotFound
@@ -52,6 +53,7 @@ from hastandby.broker.memory import MemoryAlarm
 from hastandby.broker.queue import Queue
 from hastandby.broker.registry import Node, Registry
 from hastandby.broker.values import plain
+from hastandby.wiring.access import AccessPublisher
 from hastandby.wiring.publisher import WiringPublisher
 
 from hastandby.replication.guard import QueueGuard
@@ -100,11 +102,14 @@ class WiringLink:
         self.replication = replication
         self.backup = backup
         self.publisher: WiringPublisher | None = None
+        self.access: AccessPublisher | None = None
         self.closed = False
         self._seq = 0
 
     def start(self) -> None:
         self.send(self.replication.hello())
+        if self.replication.authority is not None:
+            self.access = AccessPublisher(self.replication.authority, self.send)
         self.publisher = WiringPublisher(self.replication.registry, self.send)
 
     def send(self, body: dict[str, Any]) -> None:
@@ -131,6 +136,8 @@ class WiringLink:
         self.closed = True
         if self.publisher is not None:
             self.publisher.close()
+        if self.access is not None:
+            self.access.close()
         self.replication.disconnected(self.backup, self)
 
 
@@ -239,8 +246,10 @@ class PrimaryReplication:
         keeps_sync_set: bool = False,
         memory: MemoryAlarm | None = None,
         min_sync: int = 1,
+        authority: Authority | None = None,
     ) -> None:
         self.registry = registry
+        self.authority = authority  # users and rules, replicated as cluster state (wiring/access.py)
         self.driver = driver
         self.me = me
         self.term = term

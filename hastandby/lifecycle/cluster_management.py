@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from proton import Link, Terminus
 
-from hastandby.broker.errors import BrokerError, NotAllowed
+from hastandby.broker.errors import BrokerError, NotAllowed, NotPrimary
 from hastandby.broker.management import MUTATING, Deferred, Request
 from hastandby.broker.outbound import Address
 from hastandby.broker.queue import Queue
@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from .ha_node import HaNode
 
 log = structlog.get_logger("hastandby.ha")
+
+CLUSTER_STATE = frozenset({"USER-ADD", "USER-PASSWD", "USER-DEL", "ACL-RELOAD"})
+"""Operations on what every node shares (wiring/access.py): a backup sends them to the primary."""
 
 
 class NotPromotable(BrokerError):
@@ -161,7 +164,15 @@ class ClusterManagement:
             raise NotAllowed(f"{self.ha.url} is a backup: send to {address!r} on the primary")
 
     def guard(self, request: Request) -> None:
-        if self.ha.is_primary or request.operation not in MUTATING:
+        if self.ha.is_primary:
+            return
+        if request.operation in CLUSTER_STATE:
+            primary = self.ha.primary_url
+            where = f"the primary, {self._reachable(primary)}" if primary else "the primary (none is known now)"
+            raise NotPrimary(f"{self.ha.url} is a backup ({self.ha.status.state}): users and the ACL are "
+                             f"cluster state, changed on {where}",
+                             self._reachable(primary) if primary else None)
+        if request.operation not in MUTATING:
             return
         registry = self.node.registry
         replicated = False

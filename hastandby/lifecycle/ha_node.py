@@ -29,6 +29,7 @@ from hastandby.browser.backup import BackupReplication
 from hastandby.browser.primary import PrimaryReplication
 from hastandby.browser.protocol import Hello, PeerMember
 from hastandby.node import Node, split_hostport
+from hastandby.wiring.access import AccessReplica
 
 from .cluster import Leader, Store
 from .coordinator import CoordinatorEvent
@@ -105,6 +106,7 @@ class HaNode:
             on_lost=self._lost,
             memory=node.handler.memory,
             security=node.peer_security,
+            access=AccessReplica(node.authority, node.config.acl_path),
         )
         node.state = str(self.status.state)
         self.admission = ClientAdmission(self, node, config.client_redirect, config.client_refusal == "abort")
@@ -345,6 +347,7 @@ class HaNode:
             keeps_sync_set=election is not None,
             memory=self.node.handler.memory,
             min_sync=min(self.config.min_sync, len(self.addresses) or self.config.min_sync),
+            authority=self.node.authority,
         )
         if not self.primary.recovering:
             self.node.schedule(0.0, lambda: self.fire(Event.EXPECTED_BACKUPS_READY))

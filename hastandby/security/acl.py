@@ -75,9 +75,10 @@ class Policy:
 class Acl(Policy):
     """Rules from a file, first match wins, default deny."""
 
-    def __init__(self, rules: list[Rule], source: str) -> None:
+    def __init__(self, rules: list[Rule], source: str, text: str = "") -> None:
         self.rules = rules
         self.source = source
+        self.text = text  # the file as read: what a primary replicates (wiring/access.py)
 
     @classmethod
     def load(cls, path: Path) -> "Acl":
@@ -85,7 +86,11 @@ class Acl(Policy):
             text = path.read_text()
         except OSError as error:
             raise AclError(f"{path}: cannot read: {error.strerror or error}") from None
-        return cls(parse(text, str(path)), str(path))
+        return cls.from_text(text, str(path))
+
+    @classmethod
+    def from_text(cls, text: str, source: str) -> "Acl":
+        return cls(parse(text, source), source, text)
 
     def decide(self, user: str, groups: frozenset[str], anonymous: bool, action: str, obj: str) -> Verdict:
         for rule in self.rules:

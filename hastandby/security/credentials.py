@@ -17,6 +17,11 @@ a DR replica); an ACL file may name any group.
 ``hastandby user add|passwd|del|list`` edits the file, offline with
 ``--users-file`` or on a running node with ``-b`` (the node writes it).
 Writes are atomic: a temporary file, fsync, rename, fsync of the directory.
+
+In a cluster the users are cluster state: the primary's set is replicated to
+every backup (``wiring/access.py``), which ``replace``s its own with it and
+writes its file, so the file on every machine is that node's copy of the
+cluster's users.
 """
 
 from __future__ import annotations
@@ -60,24 +65,37 @@ class Credentials:
             raw = json.loads(text)
         except ValueError as error:
             raise CredentialsError(f"{path}: not JSON: {error}") from None
-        if not isinstance(raw, dict) or not isinstance(raw.get("users"), dict):
+        if not isinstance(raw, dict):
             raise CredentialsError(f"{path}: expected an object with 'users'")
-        for user, entry in raw["users"].items():
-            store._load_user(path, user, entry)
+        store._load_users(str(path), raw.get("users"))
         return store
 
-    def _load_user(self, path: Path, user: str, entry: Any) -> None:
+    @classmethod
+    def from_users(cls, users: Any, source: str) -> "Credentials":
+        """A store from the ``users`` object of the file's format (``to_users``); CredentialsError names
+        ``source`` and the user when it is wrong."""
+        store = cls()
+        store._load_users(source, users)
+        return store
+
+    def _load_users(self, source: str, users: Any) -> None:
+        if not isinstance(users, dict):
+            raise CredentialsError(f"{source}: expected an object with 'users'")
+        for user, entry in users.items():
+            self._load_user(source, user, entry)
+
+    def _load_user(self, source: str, user: Any, entry: Any) -> None:
         if not isinstance(entry, dict):
-            raise CredentialsError(f"{path}: user {user!r}: expected an object")
+            raise CredentialsError(f"{source}: user {user!r}: expected an object")
         check_name(user)
         if "scram-sha-256" in entry:
             try:
                 self._secrets[user] = Secret.from_dict(entry["scram-sha-256"])
             except ValueError as error:
-                raise CredentialsError(f"{path}: user {user!r}: {error}") from None
+                raise CredentialsError(f"{source}: user {user!r}: {error}") from None
         groups = entry.get("groups", [])
         if not isinstance(groups, list) or not all(isinstance(g, str) and g for g in groups):
-            raise CredentialsError(f"{path}: user {user!r}: groups must be a list of names")
+            raise CredentialsError(f"{source}: user {user!r}: groups must be a list of names")
         self._groups[user] = frozenset(groups)
 
     def secret(self, user: str) -> Secret | None:
@@ -117,16 +135,26 @@ class Credentials:
         del self._groups[user]
         self._secrets.pop(user, None)
 
-    def save(self) -> None:
-        if self.path is None:
-            raise CredentialsError("this node has no users file (--users-file or --data-dir)")
+    def replace(self, other: "Credentials") -> None:
+        """Take ``other``'s users, secrets and groups as this store's (a backup adopting the primary's)."""
+        self._secrets = dict(other._secrets)
+        self._groups = dict(other._groups)
+
+    def to_users(self) -> dict[str, Any]:
+        """The ``users`` object of the file's format: what is saved, and what a primary replicates."""
         users: dict[str, Any] = {}
         for user in sorted(self._groups):
             entry: dict[str, Any] = {"groups": sorted(self._groups[user])}
             if user in self._secrets:
                 entry["scram-sha-256"] = self._secrets[user].to_dict()
             users[user] = entry
-        write_atomically(self.path, json.dumps({"version": 1, "users": users}, indent=2) + "\n", mode=0o600)
+        return users
+
+    def save(self) -> None:
+        if self.path is None:
+            raise CredentialsError("this node has no users file (--users-file or --data-dir)")
+        write_atomically(self.path, json.dumps({"version": 1, "users": self.to_users()}, indent=2) + "\n",
+                         mode=0o600)
 
 
 def check_name(name: str) -> str:
