@@ -58,6 +58,16 @@ def _make_users(directory: Path) -> None:
     store.save()
 
 
+def _node_users(directory: Path, name: str) -> Path:
+    """A node's own users file, seeded from the cluster's first one (as on machines of their own: the
+    primary replicates every later change to it)."""
+    path = directory / name / USERS_FILE
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(directory / USERS_FILE, path)
+    return path
+
+
 class ClusterError(Exception):
     """Something a person must fix (a port in use, no etcd binary, ...)."""
 
@@ -143,7 +153,7 @@ def up(directory: Path, nodes: int = 3, base_port: int = 5672, etcd_port: int = 
         argv = [sys.executable, "-m", "hastandby", "serve", "--listen", f"127.0.0.1:{port}",
                 "--etcd", etcd_url, "--cluster", "local", "--node-id", name, "--brokers-url", brokers,
                 "--lease-ttl", str(lease_ttl), "--data-dir", str(directory / name),
-                "--no-allow-anonymous", "--users-file", str(directory / USERS_FILE),
+                "--no-allow-anonymous", "--users-file", str(_node_users(directory, name)),
                 "--peer-user", PEER, "--peer-password-file", str(password_file(directory, PEER))]
         pid = _spawn(argv, directory / f"{name}.log")
         state["nodes"].append({"name": name, "address": f"127.0.0.1:{port}", "pid": pid})
