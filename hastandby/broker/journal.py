@@ -10,8 +10,10 @@ a queue declared durable.  The journal (``<data-dir>/journal``, records in
 - the records of one pass of the event loop go to disk together, one write
   and one fsync on the writer thread (group commit), and the completions are
   released back on the reactor thread; the reactor never waits for the disk;
-- dequeues of journaled messages, lineage changes (``lineage.py``) and the
-  highest term seen are appended in order with them, without holding anyone.
+- dequeues of journaled messages, their delivery-counts when a delivery
+  fails (a delivery limit counts on across a restart), lineage changes
+  (``lineage.py``) and the highest term seen are appended in order with
+  them, without holding anyone.
 
 ``--journal-sync``: ``batch`` (the default) as above; ``always`` writes and
 fsyncs each message on its own (an fsync per message: safest for a single
@@ -92,9 +94,9 @@ class _Job:
     size: int = 0  # the file's size after this job (set by the writer)
 
 
-Snapshot = list[tuple[int, str, str, list[Any], Any, list[Any], IdSet, dict[int, float]]]
+Snapshot = list[tuple[int, str, str, list[Any], Any, list[Any], IdSet, dict[int, float], dict[int, int]]]
 """Per journaled queue: number, uuid, name, lineage (wire form), ids and payloads (copies), journaled ids,
-expiry deadlines (monotonic seconds, a copy)."""
+expiry deadlines (monotonic seconds, a copy), delivery-counts (a copy)."""
 
 
 class Journal:
@@ -186,6 +188,8 @@ class Journal:
                             held.expire(_header_ttls(body[1], body[2]))
                     elif kind == jf.EXPIRY:
                         replay(body[0]).expire(body[1])
+                    elif kind == jf.COUNTS:
+                        replay(body[0]).count(body[1])
                     elif kind == jf.ENQUEUE:
                         held = replay(body[0])
                         held.enqueue([body[1]], [body[2]])
@@ -216,7 +220,7 @@ class Journal:
             if queue is None:
                 report.orphans += len(ids)
                 continue
-            queue.restore(ids, payloads, ttls)
+            queue.restore(ids, payloads, ttls, messages.counts(ids))
             self._journaled[queue] = IdSet.from_increasing(ids)
             if ids:
                 self._holding.add(queue)
@@ -348,6 +352,12 @@ class Journal:
 
     def released(self, queue: Queue, msg_id: int) -> None:
         pass
+
+    def delivery_counted(self, queue: Queue, msg_id: int, count: int) -> None:
+        """A delivery of a message failed (rare): a journaled one's count goes on disk after its enqueue."""
+        if queue in self._holding and msg_id in self._journaled[queue]:
+            self._add(jf.counts_record(self._number(queue), [(msg_id, count)]))
+            self._flush_soon()
 
     def dequeued(self, queue: Queue, msg_id: int, reason: str) -> None:
         if queue not in self._holding:  # no journaled message on this queue: the usual case, one test
@@ -523,12 +533,12 @@ class Journal:
 
     def _snapshot(self) -> Snapshot:
         return [(self._number(q), q.uuid, q.name, lineages.to_wire(q.lineage), q._ids[:], q._data[:], ids.copy(),
-                 q.deadlines()) for q, ids in self._journaled.items()]
+                 q.deadlines(), q.delivery_counts()) for q, ids in self._journaled.items()]
 
     def _encode(self, snapshot: Snapshot) -> bytes:
         parts = [jf.open_record(self.node_id, self.term)]
         now = time.monotonic()
-        for number, uuid, name, wire, ids, payloads, journaled, deadlines in snapshot:
+        for number, uuid, name, wire, ids, payloads, journaled, deadlines, counts in snapshot:
             parts.append(jf.queue_record(number, uuid, name))
             parts.append(jf.lineage_record(number, wire))
             kept = [(msg_id, payload) for msg_id, payload in zip(ids, payloads)
@@ -539,6 +549,9 @@ class Journal:
                 ttls = [(m, max(1, int((deadlines[m] - now) * 1000))) for m, _ in run if m in deadlines]
                 if ttls:  # what is left of each ttl
                     parts.append(jf.expiry_record(number, ttls))
+                failed = [(m, counts[m]) for m, _ in run if m in counts] if counts else None
+                if failed:
+                    parts.append(jf.counts_record(number, failed))
         return b"".join(parts)
 
     def _begin_restart_epochs(self, queues: Any) -> None:

@@ -33,7 +33,12 @@ Record types and bodies:
 - ``EXPIRY``: u32 queue number, u32 count, then count pairs of u64 id and
   u32 ttl in milliseconds: the messages of the run just before that have a
   ttl (at a compaction, what was left of it).  A restarted node gives each
-  its ttl again without reading a million headers for the few that have one.
+  its ttl again without reading a million headers for the few that have one;
+- ``COUNTS``: u32 queue number, u32 count, then count pairs of u64 id and
+  u32 delivery-count: journaled messages whose delivery failed (a delivery
+  limit counts on after a restart); the last record for an id wins, and a
+  compacted file has one for each live message with a count.  A reader that
+  predates the record type stops there, as at a torn tail.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from itertools import accumulate
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Union
 
-OPEN, QUEUE, ENQUEUE, DEQUEUE, LINEAGE, TERM, CLOSE, ENQUEUE_RUN, EXPIRY = range(1, 10)
+OPEN, QUEUE, ENQUEUE, DEQUEUE, LINEAGE, TERM, CLOSE, ENQUEUE_RUN, EXPIRY, COUNTS = range(1, 11)
 FORMAT = 2  # in OPEN records: this writer follows runs with EXPIRY records
 _HEAD = struct.Struct("<IIB")
 _NUMBER = struct.Struct("<I")
@@ -102,6 +107,12 @@ def dequeue_record(number: int, ranges: Iterable[tuple[int, int]]) -> bytes:
 def expiry_record(number: int, ttls: list[tuple[int, int]]) -> bytes:
     """The ttls (id, milliseconds) of messages in the run before it."""
     return record(EXPIRY, _RUN.pack(number, len(ttls)) + b"".join(_TTL.pack(msg_id, ttl) for msg_id, ttl in ttls))
+
+
+def counts_record(number: int, counts: list[tuple[int, int]]) -> bytes:
+    """Delivery-counts (id, count) of journaled messages of queue ``number``."""
+    return record(COUNTS, _RUN.pack(number, len(counts)) + b"".join(_TTL.pack(msg_id, count)
+                                                                        for msg_id, count in counts))
 
 
 def lineage_record(number: int, wire: list[list[Any]]) -> bytes:
@@ -193,6 +204,11 @@ def _decode(kind: int, body: bytes) -> Any:
         number, count = _RUN.unpack_from(body)
         if len(body) != _RUN.size + count * _TTL.size:
             raise ValueError("an expiry record's pairs do not fill it")
+        return number, list(_TTL.iter_unpack(body[_RUN.size:]))
+    if kind == COUNTS:
+        number, count = _RUN.unpack_from(body)
+        if len(body) != _RUN.size + count * _TTL.size:
+            raise ValueError("a counts record's pairs do not fill it")
         return number, list(_TTL.iter_unpack(body[_RUN.size:]))
     if kind == LINEAGE:
         (number,) = _NUMBER.unpack_from(body)

@@ -27,7 +27,7 @@ from .idset import IdSet
 class QueueReplay:
     """One queue's messages as its records, replayed in order, leave them."""
 
-    __slots__ = ("_ids", "_payloads", "_removed", "_by_id", "_ttls")
+    __slots__ = ("_ids", "_payloads", "_removed", "_by_id", "_ttls", "_counts")
 
     def __init__(self) -> None:
         self._ids: list[int] = []  # strictly increasing while _by_id is None
@@ -35,6 +35,7 @@ class QueueReplay:
         self._removed = IdSet()  # dequeued ids, all at most _ids[-1]
         self._by_id: dict[int, bytes] | None = None  # the general form, once a run went back
         self._ttls: dict[int, int] = {}  # id -> ttl (ms) of the messages that have one
+        self._counts: dict[int, int] = {}  # id -> delivery-count of the messages whose delivery failed
 
     def enqueue(self, ids: list[int], payloads: list[bytes]) -> None:
         """Messages enqueued in this order (a later enqueue of a held id replaces its payload)."""
@@ -43,6 +44,9 @@ class QueueReplay:
         if self._ttls:  # an id enqueued again has the ttl of its new record, if any
             for msg_id in ids:
                 self._ttls.pop(msg_id, None)
+        if self._counts:  # ... and no failed delivery yet
+            for msg_id in ids:
+                self._counts.pop(msg_id, None)
         by_id = self._by_id
         if by_id is None and (not self._ids or ids[0] > self._ids[-1]) and _increasing(ids):
             self._ids += ids
@@ -55,6 +59,19 @@ class QueueReplay:
     def expire(self, ttls: list[tuple[int, int]]) -> None:
         """The ttls (id, milliseconds) of messages just enqueued."""
         self._ttls.update(ttls)
+
+    def count(self, counts: list[tuple[int, int]]) -> None:
+        """Delivery-counts (id, count) of messages held; the last one for an id wins."""
+        self._counts.update(counts)
+
+    def counts(self, ids: list[int]) -> dict[int, int]:
+        """The delivery-counts of the messages ``ids`` (the held ones, ``result``'s) that have one."""
+        found: dict[int, int] = {}
+        for msg_id, count in self._counts.items():
+            at = bisect_left(ids, msg_id)
+            if count and at < len(ids) and ids[at] == msg_id:
+                found[msg_id] = count
+        return found
 
     def dequeue(self, ranges: list[tuple[int, int]]) -> None:
         """Messages dequeued: closed ranges of ids (ids not held are ignored)."""

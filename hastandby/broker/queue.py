@@ -66,6 +66,14 @@ class QueueObserver(Protocol):
     def dequeued(self, queue: "Queue", msg_id: int, reason: str) -> None: ...
 
 
+class CountObserver(Protocol):
+    """An observer that also follows failed deliveries (the journal, replication): a queue calls
+    ``delivery_counted`` of each observer that has it when a message's delivery-count changes, so
+    a backup, a DR replica and a restarted node know how often it failed (a delivery limit counts on)."""
+
+    def delivery_counted(self, queue: "Queue", msg_id: int, count: int) -> None: ...
+
+
 MAX_MSG_ID = 2**63 - 2
 """The highest replication id a queue takes: it keeps its ids in an array of signed 64-bit integers,
 and its ``next_id`` (one more, also sent in lineages) must fit one too."""
@@ -84,6 +92,9 @@ class QueueSettings:
     auto_delete_timeout: float = 0.0
     alternate_exchange: str | None = None
     durable: bool = False
+    priorities: int = 0  # qpid.priorities: levels of a priority queue (0: a plain FIFO queue)
+    delivery_limit: int = 0  # x-delivery-limit: failed deliveries before dead-lettering (0: none)
+    single_active_consumer: bool = False  # x-single-active-consumer
     arguments: dict[str, Any] = field(default_factory=dict)
 
 
@@ -96,6 +107,7 @@ class Queue:
         self.uuid = object_uuid or str(uuidlib.uuid4())
         self.observers: list[QueueObserver] = []
         self._acquisition_observers: list[QueueObserver] = []  # those called for acquired/released too
+        self._count_observers: list[CountObserver] = []  # those told of failed deliveries
         self.consumers: list[Consumer] = []
         self.browsers: list[Consumer] = []
         self.deleted = False
@@ -105,7 +117,8 @@ class Queue:
         self.lineage_listeners: list[Callable[["Queue"], None]] = []  # the journal records each change
         self.depth = 0
         self.bytes = 0
-        self.stats = {"enqueued": 0, "dequeued": 0, "expired": 0, "ring_dropped": 0, "rejected": 0}
+        self.stats = {"enqueued": 0, "dequeued": 0, "expired": 0, "ring_dropped": 0, "rejected": 0,
+                      "dead_lettered": 0}
         self._ids = array("q")
         self._data: list[bytes | None] = []
         self._holes = 0
@@ -149,6 +162,7 @@ class Queue:
 
     def _follow_acquisitions(self) -> None:
         self._acquisition_observers = [o for o in self.observers if getattr(o, "follows_acquisitions", True)]
+        self._count_observers = [o for o in self.observers if hasattr(o, "delivery_counted")]
 
     # -- producing -------------------------------------------------------
 
@@ -246,13 +260,15 @@ class Queue:
                 observer.enqueued(self, msg_id, payload, None)
         self._arrived()
 
-    def restore(self, ids: list[int], payloads: list[bytes], ttls: dict[int, int] | None = None) -> None:
+    def restore(self, ids: list[int], payloads: list[bytes], ttls: dict[int, int] | None = None,
+                counts: dict[int, int] | None = None) -> None:
         """Fill an empty queue with messages read back from disk, in increasing id order, in one step.
 
         The journal's recovery gives a restarted node its messages this way: an
         ``enqueue`` each was a fifth of a million-message recovery.  ``ttls``
         (id -> milliseconds) come from the journal's records, so no header is
-        read here; a ttl counts from now.  Nobody observes the queue yet.
+        read here; a ttl counts from now.  ``counts`` (id -> delivery-count)
+        are the failed deliveries journaled.  Nobody observes the queue yet.
         """
         if self._ids:
             raise ValueError(f"queue {self.name!r} is not empty: nothing to restore into")
@@ -269,6 +285,8 @@ class Queue:
             deadline = now + ttl_ms / 1000.0
             self._expires[msg_id] = deadline
             heapq.heappush(self._expiry_heap, (deadline, msg_id))
+        if counts:
+            self._delivery_counts.update(counts)
         self._arrived()
 
     def deadlines(self) -> dict[int, float]:
@@ -329,15 +347,16 @@ class Queue:
         self._dispatching = True
         try:
             if self.consumers:
-                self._dispatch_consumers()
+                self._dispatch_consumers(self.consumers)
             for browser in self.browsers:
                 if browser.credit > 0:
                     self._dispatch_browser(browser)
         finally:
             self._dispatching = False
 
-    def _dispatch_consumers(self) -> None:
-        consumers = self.consumers
+    def _dispatch_consumers(self, consumers: list[Consumer]) -> None:
+        """Available messages, in id order, to ``consumers`` with credit, in turn (the queue's consumers;
+        a single-active-consumer queue passes only its first)."""
         while consumers:
             index = self._first_available(self._head)
             if index is None:
@@ -472,7 +491,9 @@ class Queue:
         if self._acquired.pop(msg_id, None) is None:
             return
         if delivery_failed:
-            self._delivery_counts[msg_id] = self._delivery_counts.get(msg_id, 0) + 1
+            count = self._delivery_counts[msg_id] = self._delivery_counts.get(msg_id, 0) + 1
+            for observer in self._count_observers:
+                observer.delivery_counted(self, msg_id, count)
         index = self._index(msg_id)
         if index is None:
             return
@@ -481,6 +502,22 @@ class Queue:
         for observer in self._acquisition_observers:
             observer.released(self, msg_id)
         self.dispatch()
+
+    def delivery_count(self, msg_id: int) -> int:
+        """How often delivering the message failed (its delivery-count)."""
+        return self._delivery_counts.get(msg_id, 0)
+
+    def delivery_counts(self) -> dict[int, int]:
+        """A copy of the delivery-counts of the messages that have one (id -> count)."""
+        return dict(self._delivery_counts)
+
+    def set_delivery_count(self, msg_id: int, count: int) -> None:
+        """A replica takes its primary's (or the journal's) delivery-count of a message it holds."""
+        if self._index(msg_id) is None or count <= 0 or self._delivery_counts.get(msg_id) == count:
+            return
+        self._delivery_counts[msg_id] = count
+        for observer in self._count_observers:
+            observer.delivery_counted(self, msg_id, count)
 
     def dequeue(self, msg_id: int, reason: str) -> bytes | None:
         """Remove a message by id (ack, expiry, replication); returns its bytes."""

@@ -11,10 +11,14 @@ from __future__ import annotations
 import uuid as uuidlib
 from typing import Any, Callable, Iterable, Protocol, Union
 
+import structlog
+from proton import symbol
+
 from . import sections
 from .completion import Completion
 from .errors import (
     AlreadyExists,
+    BrokerError,
     InvalidArgument,
     NotAllowed,
     NotFound,
@@ -22,6 +26,7 @@ from .errors import (
 )
 from .exchange import EXCHANGE_TYPES, Binding, Exchange
 from .queue import Queue, QueueSettings
+from .queue_kinds import DeliveryLimitQueue, queue_class
 
 LEVELS = ("none", "configuration", "all")
 REPLICATE = "qpid.replicate"
@@ -29,6 +34,15 @@ BUILTIN_EXCHANGES = {"amq.direct": "direct", "amq.fanout": "fanout", "amq.topic"
 TEMP_PREFIX = "temp."
 RESERVED_PREFIX = "$"  # $management, $ha.wiring: addresses the broker itself serves
 INTERNAL = "hastandby.internal"  # the argument that lets the broker's own queues use a reserved name
+PRIORITIES = "qpid.priorities"  # queue features (docs/queues.md, queue_kinds.py)
+DELIVERY_LIMIT = "x-delivery-limit"
+SINGLE_ACTIVE_CONSUMER = "x-single-active-consumer"
+MAX_PRIORITIES = 10
+MAX_DELIVERY_LIMIT = 2**31 - 1
+DEAD_LETTER_REASON = symbol("x-opt-dead-letter-reason")  # message annotations of a dead-lettered message
+DEAD_LETTER_QUEUE = symbol("x-opt-dead-letter-queue")
+
+log = structlog.get_logger("hastandby.registry")
 
 Node = Union[Queue, Exchange]
 Scheduler = Callable[[float, Callable[[], None]], Any]
@@ -67,6 +81,31 @@ def _number(arguments: dict[str, Any], key: str, kind: type) -> Any:
     return number
 
 
+def _whole(arguments: dict[str, Any], key: str, lowest: int, highest: int) -> int:
+    """A whole-number argument from ``lowest`` to ``highest`` (0 when absent): an int, or a string of one."""
+    value = arguments.get(key)
+    if value is None:
+        return 0
+    number = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = int(value)
+    elif isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        number = int(value.strip())
+    if number is None or not lowest <= number <= highest:
+        raise InvalidArgument(f"{key} must be a whole number from {lowest} to {highest}, got {value!r}")
+    return number
+
+
+def _switch(arguments: dict[str, Any], key: str) -> bool:
+    """A boolean argument: true or false (or the strings "true" and "false"); absent: false."""
+    value = arguments.get(key, False)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise InvalidArgument(f"{key} must be true or false, got {value!r}")
+
+
 def queue_settings(
     arguments: dict[str, Any] | None,
     *,
@@ -95,6 +134,9 @@ def queue_settings(
         auto_delete_timeout=_number(args, "qpid.auto_delete_timeout", float) or 0.0,
         alternate_exchange=alternate_exchange or args.get("alternate-exchange"),
         durable=durable,
+        priorities=_whole(args, PRIORITIES, 1, MAX_PRIORITIES),
+        delivery_limit=_whole(args, DELIVERY_LIMIT, 1, MAX_DELIVERY_LIMIT),
+        single_active_consumer=_switch(args, SINGLE_ACTIVE_CONSUMER),
     )
     args[REPLICATE] = settings.replicate  # the effective level travels with the object
     settings.arguments = args
@@ -195,7 +237,9 @@ class Registry:
             return existing, False
         if require_alternate and settings.alternate_exchange and settings.alternate_exchange not in self.exchanges:
             raise NotFound(f"alternate exchange {settings.alternate_exchange!r} does not exist")
-        queue = Queue(name, settings, object_uuid)
+        queue = queue_class(settings)(name, settings, object_uuid)
+        if isinstance(queue, DeliveryLimitQueue):
+            queue.dead_letter = self.dead_letter
         self.queues[name] = queue
         for observer in self.observers:
             observer.created(queue)
@@ -376,6 +420,23 @@ class Registry:
                 self.deliver(self._route_exchange(alternate, data), data)
             except ResourceLimitExceeded:
                 alternate.dropped += 1
+
+    def dead_letter(self, queue: Queue, data: bytes, reason: str) -> None:
+        """A message left ``queue`` for ``reason`` (a delivery limit reached): to its alternate exchange,
+        with message annotations saying why and from where; dropped, with a log line, if there is none."""
+        alternate = self.exchanges.get(queue.settings.alternate_exchange or "")
+        if alternate is None:
+            log.warning("message dropped: it reached the queue's delivery limit and the queue has no alternate "
+                        "exchange", queue=queue.name, reason=reason, delivery_limit=queue.settings.delivery_limit,
+                        alternate_exchange=queue.settings.alternate_exchange)
+            return
+        annotated = sections.with_annotations(data, {DEAD_LETTER_REASON: reason, DEAD_LETTER_QUEUE: queue.name})
+        try:
+            self.deliver(self._route_exchange(alternate, annotated), annotated)
+        except BrokerError as error:
+            alternate.dropped += 1
+            log.warning("dead-lettered message dropped: its alternate exchange's queues refused it",
+                        queue=queue.name, alternate_exchange=alternate.name, reason=reason, error=str(error))
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -9,13 +9,15 @@ decode only those sections, with proton's C codec, and only when asked.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator
 
 from proton import Data, Described, uint, ulong
 
 from .errors import BrokerError
 
 HEADER = 0x70  # section descriptor codes (AMQP 1.0 part 3.2)
+DELIVERY_ANNOTATIONS = 0x71
+MESSAGE_ANNOTATIONS = 0x72
 PROPERTIES = 0x73
 
 # A section starts with the descriptor 0x00 0x53 <code> (smallulong form),
@@ -177,6 +179,102 @@ def _read_header(buf: bytes) -> tuple[bool, int | None] | None:
         return durable, ttl
     except IndexError:
         return None
+
+
+DEFAULT_PRIORITY = 4  # AMQP 1.0 part 3.2.1: a message without a priority has priority 4
+
+
+def header_priority(buf: bytes) -> int:
+    """The header's ``priority`` (0-255, a ubyte; 4 without one), read from the bytes; never raises.
+
+    Only a priority queue asks, once per message it takes.  Proton's usual
+    encodings (no header, an empty list, a list8 or list32 whose first field
+    is null or a boolean and whose second is null or a ubyte) are read here;
+    anything else goes to the decoder, and a header it cannot read counts as
+    the default priority (every node reads the same bytes the same way, so
+    a replica orders such a message exactly as its primary does).
+    """
+    if not buf.startswith(HEADER_PREFIX):
+        return DEFAULT_PRIORITY
+    try:
+        kind = buf[3]
+        if kind == _EMPTY_LIST:
+            return DEFAULT_PRIORITY
+        if kind == 0xC0:  # list8: size, count
+            count, at = buf[5], 6
+        elif kind == 0xD0:  # list32: size, count
+            count, at = int.from_bytes(buf[8:12], "big"), 12
+        else:
+            count, at = -1, 0
+        if count == 0 or count == 1:
+            return DEFAULT_PRIORITY
+        if count > 1:
+            code = buf[at]
+            if code in (0x40, 0x41, 0x42):  # null, true, false
+                at += 1
+            elif code == 0x56:  # boolean with a value byte
+                at += 2
+            else:
+                at = -1
+            if at > 0:
+                code = buf[at]
+                if code == 0x40:
+                    return DEFAULT_PRIORITY
+                if code == 0x50:  # ubyte
+                    return buf[at + 1]
+    except IndexError:
+        pass
+    try:
+        fields = _section_value(buf, HEADER) or []
+    except MalformedMessage:
+        return DEFAULT_PRIORITY
+    priority = fields[1] if len(fields) > 1 else None
+    return DEFAULT_PRIORITY if not isinstance(priority, int) else max(0, min(255, int(priority)))
+
+
+def with_annotations(buf: bytes, annotations: dict[Any, Any]) -> bytes:
+    """Return the message with ``annotations`` (symbol keys) added to its message-annotations section.
+
+    For the rare message that leaves its queue for a reason a consumer should
+    read (dead-lettering): every other section keeps its bytes; the
+    message-annotations section is decoded, updated and encoded again, or
+    made and put where AMQP wants it (after the header and the delivery
+    annotations).  A message whose sections cannot be read gets none.
+    """
+    view = memoryview(buf)
+    pos = 0
+    insert_at = 0
+    old: dict[Any, Any] = {}
+    end_old = None
+    count = 0
+    try:
+        while pos < len(buf) and count < MAX_SECTIONS:
+            count += 1
+            data = Data()
+            used = data.decode(view[pos:])  # type: ignore[arg-type]  # proton takes any buffer
+            if used <= 0:
+                return buf
+            data.rewind()
+            data.next()
+            value = data.get_object()
+            if not isinstance(value, Described):
+                return buf
+            code = int(value.descriptor)  # type: ignore[arg-type]  # a section's descriptor: a ulong
+            if code in (HEADER, DELIVERY_ANNOTATIONS):
+                insert_at = pos + used
+            elif code == MESSAGE_ANNOTATIONS:
+                old = dict(value.value or {})  # type: ignore[arg-type]  # a map (or null)
+                insert_at, end_old = pos, pos + used
+                break
+            else:
+                break
+            pos += used
+    except Exception:  # noqa: BLE001 - a producer's malformed message: sent on as it came
+        return buf
+    old.update(annotations)
+    out = Data()
+    out.put_object(Described(ulong(MESSAGE_ANNOTATIONS), old))
+    return bytes(buf[:insert_at]) + bytes(out.encode()) + bytes(buf[end_old if end_old is not None else insert_at:])
 
 
 def properties(buf: bytes) -> list:

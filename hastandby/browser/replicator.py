@@ -8,7 +8,9 @@ does not share) and adopts the primary's lineage.  Each delivery is a batch of m
 each message lands on the replica under its replication id (a duplicate id
 is dropped by the queue), then the batch is settled ``accepted``: the
 primary's guard for this backup releases its messages.  A control delivery
-(tag ``d...``) lists ids the primary dequeued.
+(tag ``d...``) lists ids the primary dequeued; one tagged ``c...`` gives the
+delivery-counts of messages whose delivery failed on the primary, so a
+delivery limit counts on after a failover.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from hastandby.broker.links import accept, delivery_tag, pn_link_flow, take_deli
 from hastandby.broker.queue import Queue
 
 from hastandby.replication.codec import (
+    COUNTS_TAG,
     DEQUEUE_TAG,
     IDS_PROPERTY,
     ProtocolError,
     decode_batch,
+    decode_counts,
     decode_dequeues,
 )
 from .protocol import LINEAGE_PROPERTY, REPLICATE_PROPERTY, TERM_PROPERTY
@@ -112,6 +116,11 @@ class QueueReplicator:
                 raise ProtocolError("delivery-tag", "a replication delivery needs a tag (b... or d...)")
             if tag.startswith(DEQUEUE_TAG):
                 self._dequeue(data)
+                self._accept(delivery)
+            elif tag.startswith(COUNTS_TAG):
+                set_count = self.queue.set_delivery_count
+                for msg_id, count in decode_counts(data):
+                    set_count(msg_id, count)
                 self._accept(delivery)
             else:
                 self._enqueue_batch(data, delivery)

@@ -10,8 +10,11 @@ node says so in its log.
 
 Besides what the operator asked for, a configuration carries what resuming
 needs: the source epoch last seen, the source queue's lineage last adopted
-(``broker/lineage.py``, in its wire form) and, in enqueue mode, the id
-``base`` that maps the source's ids onto the replica's (see ``replica``).
+(``broker/lineage.py``, in its wire form), in enqueue mode the id
+``base`` that maps the source's ids onto the replica's (see ``replica``), and
+the arguments the local queue was declared with, so a replica queue the node
+has to declare again (not durable, after a restart) keeps its priorities,
+delivery limit and single active consumer (docs/queues.md).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class ReplicationConfig:
     epoch: str = ""
     lineage: list[list[object]] = field(default_factory=list)
     base: int = 0
+    queue_arguments: dict[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.queue:

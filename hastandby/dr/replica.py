@@ -53,9 +53,11 @@ from hastandby.broker.queue import Queue
 from hastandby.broker.registry import Registry
 from hastandby.broker.idset import IdSet
 from hastandby.replication.codec import (
+    COUNTS_TAG,
     DEQUEUE_TAG,
     ProtocolError,
     decode_body,
+    decode_counts,
     decode_dequeues,
     encode_control,
     link_properties,
@@ -300,6 +302,15 @@ class ReplicaLink:
                 queue = self._queue
                 assert queue is not None  # looked up with the link (opened), before any delivery
                 queue.dequeue_ranges(ranges, "replicated")
+                pn_delivery_settle(delivery)
+            elif tag.startswith(COUNTS_TAG):  # a full replica mirrors its source's delivery-counts too
+                pairs = decode_counts(data)
+                if self.config.mode != "full":
+                    raise ProtocolError("delivery-counts", "an enqueue replica takes no delivery-counts")
+                queue = self._queue
+                assert queue is not None
+                for msg_id, count in pairs:
+                    queue.set_delivery_count(msg_id, count)
                 pn_delivery_settle(delivery)
             else:
                 self._enqueue_batch(delivery, data)

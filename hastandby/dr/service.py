@@ -102,9 +102,15 @@ class DisasterRecovery:
     def _start(self, config: ReplicationConfig) -> None:
         registry = self.node.registry
         if config.queue not in registry.queues:
-            # Not durable and the node restarted: the replication says the queue exists.
-            registry.declare_queue(config.queue)
-            log.info("replica queue recreated", queue=config.queue, source=config.source)
+            # Not durable and the node restarted: the replication says the queue exists, as it was declared.
+            try:
+                registry.declare_queue(config.queue, config.queue_arguments or None)
+            except InvalidArgument as error:
+                log.error("replica queue's stored arguments refused: recreated without them", queue=config.queue,
+                          error=str(error))
+                registry.declare_queue(config.queue)
+            log.info("replica queue recreated", queue=config.queue, source=config.source,
+                     arguments=config.queue_arguments)
         me = ReplicaIdentity(self.node.node_id, self.url)
         replica = ReplicaLink(config, registry, self.node.driver, self.node.handler.fence, me, self._save_quietly,
                               self.heartbeat, self.node.peer_security)
@@ -142,6 +148,7 @@ class DisasterRecovery:
             if not body.get("create"):
                 raise NotFound(f"no such queue: {name!r} (--create makes it)")
             registry.declare_queue(name, request.arguments(), durable=bool(body.get("durable", False)))
+        config.queue_arguments = dict(registry.queues[name].settings.arguments)
         reply = Deferred()
         self._pending.add(name)
 

@@ -6,8 +6,11 @@ each message as the producer's bytes, not re-encoded (``encode_batch``).  A
 delivery per message cost the sender a delivery, a disposition and a settle
 each, and a primary's sends to a backup ran at about 0.55 of standalone; a
 batch pays those once.  A delivery whose tag starts with ``d`` is a batch of
-dequeued ids (an AMQP list, the ``IdSet`` wire form).  Batches and dequeues
-share the link, so they arrive in the order the source queue saw them.
+dequeued ids (an AMQP list, the ``IdSet`` wire form); one whose tag starts
+with ``c`` carries delivery-counts, an AMQP list ``[id, count, id, count,
+...]`` of messages the receiver holds whose delivery failed (a delivery limit
+counts on across failover).  Batches, dequeues and counts share the link, so
+they arrive in the order the source queue saw them.
 
 A replicating link's attach carries the ids its receiver already holds
 (``qpid.ha-ids``); control messages (hello, wiring, status) are AMQP maps
@@ -38,6 +41,8 @@ ADMIN_PROPERTY = symbol("qpid.ha-admin")
 IDS_PROPERTY = symbol("qpid.ha-ids")
 DEQUEUE_TAG = b"d"
 BATCH_TAG = b"b"
+COUNTS_TAG = b"c"
+MAX_COUNT = 2**32 - 1  # a delivery-count is an AMQP uint
 
 MAX_ID = 2**63 - 2
 """The highest replication id we take: a queue keeps its ids, and its next id, as signed 64-bit integers."""
@@ -108,6 +113,29 @@ def decode_dequeues(data: bytes | None) -> IdSet:
         return IdSet.from_wire(wire)
     except ValueError as error:
         raise ProtocolError("dequeues", str(error)) from None
+
+
+def encode_counts(counts: dict[int, int]) -> bytes:
+    """Delivery-counts (id -> count) as a ``c`` delivery's bytes: a flat list, ids ascending."""
+    flat: list[int] = []
+    for msg_id in sorted(counts):
+        flat += (msg_id, counts[msg_id])
+    return bytes(Message(body=flat).encode())
+
+
+def decode_counts(data: bytes | None) -> list[tuple[int, int]]:
+    """A counts delivery's (id, count) pairs: ids 1..2**63-2, counts 0..2**32-1."""
+    body = decode_body(data, "delivery-counts")
+    if not isinstance(body, (list, tuple)) or len(body) % 2:
+        raise ProtocolError("delivery-counts", f"a list of id, count pairs, got {short(body)}")
+    flat = [plain(x) for x in body]
+    pairs = list(zip(flat[0::2], flat[1::2]))
+    for msg_id, count in pairs:
+        if type(msg_id) is not int or not 1 <= msg_id <= MAX_ID:
+            raise ProtocolError("delivery-counts", f"{short(msg_id)} is not an id (1..2**63-2)")
+        if type(count) is not int or not 0 <= count <= MAX_COUNT:
+            raise ProtocolError("delivery-counts", f"{short(count)} is not a delivery-count (0..2**32-1)")
+    return pairs
 
 
 def encode_control(body: dict[str, Any]) -> bytes:

@@ -13,6 +13,13 @@ count as a consumer, and on attach runs the catch-up handshake:
   reaches them (``backup & primary``), so a backup re-attaching after
   failover downloads only what it lacks.
 
+A message's *delivery-count* (how often its delivery failed: a delivery
+limit counts on it) goes to the backup too, as a ``c`` control delivery
+(``codec.encode_counts``) after the batch that carried the message: when the
+count changes for a message the browse has passed, when the browse reaches
+a message that has one (the backup may hold the message already, with an
+older count).
+
 Messages go in batches (batching.py).  The guard (pre-made by the primary
 for expected backups and new queues; none for asynchronous DR replication)
 holds each new message's producer acknowledgement until the backup settles
@@ -39,7 +46,7 @@ from hastandby.broker.registry import Registry
 from .batching import BatchingLink
 from .guard import QueueGuard
 from hastandby.broker.idset import IdSet
-from .codec import DEQUEUE_TAG, encode_dequeues
+from .codec import COUNTS_TAG, DEQUEUE_TAG, encode_counts, encode_dequeues
 
 log = structlog.get_logger("hastandby.replication")
 
@@ -77,6 +84,9 @@ class ReplicatingSubscription(BatchingLink):
         primary_ids = queue.id_set()
         self.skip = backup_ids & primary_ids
         self.pending_dequeues = backup_ids - primary_ids
+        # Delivery-counts to send after the messages they are about (id -> count).  A queue with
+        # counts is browsed message by message, so the browse sees each (``deliver``), skipped or not.
+        self.pending_counts: dict[int, int] = {}
         # What catch-up cost, logged once ready: a restarted backup with a journal should send ~nothing.
         self.catchup = {"backup_held": len(backup_ids), "skipped": len(self.skip), "sent": 0}
         if guard is not None:
@@ -107,11 +117,15 @@ class ReplicatingSubscription(BatchingLink):
     def deliver(self, queue: Queue, msg_id: int, data: bytes, delivery_count: int) -> None:
         if msg_id < self._skip_below and msg_id in self.skip:
             self.skip.discard(msg_id)
+            if delivery_count:  # the backup has the message, perhaps with an older count
+                self._count(msg_id, delivery_count)
             return
         if msg_id < self.first_id:
             self._old_in_flight += 1
             self.catchup["sent"] += 1
         BatchingLink.deliver(self, queue, msg_id, data, delivery_count)
+        if delivery_count:  # the queue has counts, so it browses message by message (Queue._dispatch_browser)
+            self._count(msg_id, delivery_count)
 
     def deliver_run(self, queue: Queue, ids: Sequence[int], payloads: list[bytes | None]) -> None:
         """A run of the queue, holes (removed messages) included: skip those and what the backup has."""
@@ -152,17 +166,30 @@ class ReplicatingSubscription(BatchingLink):
         self._check_ready()
 
     def _flush_dequeues(self) -> None:
-        """Send the dequeues collected so far as one pre-settled control delivery."""
+        """Send the delivery-counts and the dequeues collected so far, each as one pre-settled control
+        delivery, after the batch being filled (the messages they are about go first)."""
         self._flush_timer = None
-        if self.closed or not self.pending_dequeues:
+        if self.closed or not (self.pending_dequeues or self.pending_counts):
             return
         self.send_batch()  # messages browsed before the dequeues go before them
-        if pn_link_credit(self._impl) <= 0:
+        if self.pending_counts:
+            if pn_link_credit(self._impl) <= 0:
+                return  # flow() sends them when the backup grants more
+            counts, self.pending_counts = self.pending_counts, {}
+            self._control_seq += 1
+            send_settled(self._impl, COUNTS_TAG + b"%d" % self._control_seq, encode_counts(counts))
+            self.count_credit()
+        if not self.pending_dequeues or pn_link_credit(self._impl) <= 0:
             return  # flow() sends them when the backup grants more
         batch, self.pending_dequeues = self.pending_dequeues, IdSet()
         self._control_seq += 1
         send_settled(self._impl, DEQUEUE_TAG + b"%d" % self._control_seq, encode_dequeues(batch))
         self.count_credit()
+
+    def _count(self, msg_id: int, count: int) -> None:
+        self.pending_counts[msg_id] = count
+        if self._flush_timer is None:
+            self._flush_timer = self.driver.schedule(0.0, self._flush_dequeues)
 
     # -- the backup's acknowledgements --------------------------------------------------
 
@@ -225,6 +252,16 @@ class ReplicatingSubscription(BatchingLink):
 
     def released(self, queue: Queue, msg_id: int) -> None:
         pass
+
+    def delivery_counted(self, queue: Queue, msg_id: int, count: int) -> None:
+        """A delivery of ``msg_id`` failed: the backup hears its count now if the browse has passed it
+        (sent, or held by the backup already); otherwise the browse brings the count with the message."""
+        try:
+            passed = queue.browsed_past(self, msg_id)
+        except KeyError:  # not browsing yet: the browse will bring it
+            return
+        if passed:
+            self._count(msg_id, count)
 
     def dequeued(self, queue: Queue, msg_id: int, reason: str) -> None:
         if msg_id < self._skip_below:

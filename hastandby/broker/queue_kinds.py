@@ -1,0 +1,294 @@
+"""Queues that do more than FIFO: priorities, a delivery limit, a single active consumer (docs/queues.md).
+
+A plain queue (``queue.Queue``) pays nothing for these: each feature is a
+class that overrides the few ``Queue`` methods it changes, and the registry
+picks the class once, when the queue is declared (``queue_class``), from its
+validated settings.  Features combine by composing the classes (a priority
+queue with a single active consumer is both); nothing on the plain path asks
+whether a queue has one.
+
+Every feature depends only on what every node holds alike, so a backup's
+replica (declared from the same arguments by wiring replication) and a node
+restarted on its journal behave as the primary did:
+
+- **Priorities** (``qpid.priorities``, 1-10 levels): the order is a pure
+  function of (level, replication id): the highest level first, and within a
+  level the replication id, which is arrival order.  A replica holds the same
+  ids and reads the same header bytes, so it orders its messages exactly as
+  its primary; after a promotion they go out in that order.  The level comes
+  from the header's ``priority`` (0-255, 4 when absent), mapped as Qpid's
+  ``PriorityQueue::getPriorityLevel`` did (the AMQP 0-10 rule): with N
+  levels, priorities up to ``5 - min(5, ceil(N / 2))`` share level 0 and each
+  one above it takes the next level, up to N - 1.  With 10 levels priority p
+  is level min(p, 9); with 2, priorities 0-4 are low and 5-9 high.
+- **Delivery limit** (``x-delivery-limit``): a failed delivery (``modified``
+  with delivery-failed, or a lost link or connection while the message was
+  unsettled) counts; when a message's count reaches the limit it leaves the
+  queue for the alternate exchange (``Registry.dead_letter``) instead of
+  going back.  Counts are replicated and journaled (``Queue.delivery_counted``).
+- **Single active consumer** (``x-single-active-consumer``): only the first
+  of the queue's consumers (in attach order) is given messages; when it goes,
+  the next one is the first.  Nothing to replicate: consumers attach to the
+  primary only, and after a failover the first to attach to the new primary
+  is the active one.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from typing import Any, Callable
+
+from . import sections
+from .completion import Completion
+from .queue import Consumer, Queue, QueueSettings
+
+DeadLetter = Callable[[Queue, bytes, str], None]
+
+INDEX_COMPACT_MIN = 1024
+"""A priority index drops the entries of removed messages once there are more
+of them than this, and more than the messages on the queue: on a backup,
+whose replica nobody consumes, every replicated dequeue leaves one."""
+
+
+def priority_levels(levels: int) -> bytes:
+    """For each header priority 0-255, its level on a queue of ``levels`` levels (Qpid's mapping)."""
+    first = 5 - min(5, math.ceil(levels / 2))
+    return bytes(0 if p <= first else min(p - first, levels - 1) for p in range(256))
+
+
+class PriorityIndex:
+    """The ids of a priority queue's messages by level, each level in id order; a queue observer.
+
+    A level's list may still hold ids that are gone (removed, or acquired
+    below its head): they are skipped where read, and dropped by
+    ``compact``.  Below a level's head every id is acquired or gone; a
+    release or an enqueue below it moves the head back.
+    """
+
+    follows_acquisitions = False  # QueueObserver: told of enqueues and removals only
+
+    def __init__(self, queue: Queue, levels: int) -> None:
+        self.queue = queue
+        self.table = priority_levels(levels)
+        self.levels: list[list[int]] = [[] for _ in range(levels)]
+        self.heads = [0] * levels
+        self.removed = 0  # removals since the last compaction
+
+    def level(self, data: bytes) -> int:
+        return self.table[sections.header_priority(data)]
+
+    def add(self, msg_id: int, level: int) -> None:
+        """``msg_id`` is (again) on the queue at ``level``."""
+        ids = self.levels[level]
+        if not ids or msg_id > ids[-1]:
+            ids.append(msg_id)
+            return
+        at = bisect_left(ids, msg_id)
+        if at == len(ids) or ids[at] != msg_id:
+            ids.insert(at, msg_id)
+        if at < self.heads[level]:
+            self.heads[level] = at
+
+    def compact(self) -> None:
+        """Keep only the entries of messages still on the queue, from each head on."""
+        present = set(self.queue.ids())
+        for level, ids in enumerate(self.levels):
+            self.levels[level] = [msg_id for msg_id in ids[self.heads[level]:] if msg_id in present]
+            self.heads[level] = 0
+        self.removed = 0
+
+    def ordered(self) -> list[int]:
+        """The ids of the messages on the queue (acquired ones too) in queue order (management, tests)."""
+        return [msg_id for _, msg_id in sorted((-self.level(data), msg_id) for msg_id, data in self.queue.messages())]
+
+    # -- QueueObserver ----------------------------------------------------------------------
+
+    def enqueued(self, queue: Queue, msg_id: int, data: bytes, completion: Completion | None) -> None:
+        level = self.table[sections.header_priority(data)]
+        ids = self.levels[level]
+        if ids and msg_id <= ids[-1]:
+            self.add(msg_id, level)
+        else:  # the usual case, inlined: a new message is the last of its level
+            ids.append(msg_id)
+
+    def acquired(self, queue: Queue, msg_id: int) -> None:
+        pass
+
+    def released(self, queue: Queue, msg_id: int) -> None:
+        pass
+
+    def dequeued(self, queue: Queue, msg_id: int, reason: str) -> None:
+        self.removed += 1
+        if not queue._dispatching and self.removed > INDEX_COMPACT_MIN and self.removed > queue.depth:
+            self.compact()
+
+
+class PriorityQueue(Queue):
+    """Highest level first, FIFO (replication id order) within a level; browsers see that order too.
+
+    Replicating browsers (``sees_acquired``) still read in id order: what a
+    backup must receive is every message under its id, and it orders them
+    itself.
+    """
+
+    def __init__(self, name: str, settings: QueueSettings, object_uuid: str | None = None) -> None:
+        super().__init__(name, settings, object_uuid)
+        self.priority_index = PriorityIndex(self, settings.priorities)
+        self._cursors: dict[int, list[int]] = {}  # id(browser) -> the last id it saw on each level
+        self.add_observer(self.priority_index)
+
+    def restore(self, ids: list[int], payloads: list[bytes], ttls: dict[int, int] | None = None,
+                counts: dict[int, int] | None = None) -> None:
+        super().restore(ids, payloads, ttls, counts)
+        index = self.priority_index
+        for msg_id, payload in zip(ids, payloads):
+            index.add(msg_id, index.level(payload))
+        self.dispatch()
+
+    def _dispatch_consumers(self, consumers: list[Consumer]) -> None:
+        index = self.priority_index
+        if index.removed > INDEX_COMPACT_MIN and index.removed > self.depth:
+            index.compact()
+        levels, heads, acquired = index.levels, index.heads, self._acquired
+        for level in range(len(levels) - 1, -1, -1):
+            ids = levels[level]
+            at = heads[level]
+            while at < len(ids):
+                msg_id = ids[at]
+                held = self._ids  # ``_index`` inlined: the message still here, not acquired?
+                where = bisect_left(held, msg_id)
+                if where == len(held) or held[where] != msg_id or self._data[where] is None or msg_id in acquired:
+                    at += 1
+                    continue
+                consumer = self._next_consumer(consumers)
+                if consumer is None:
+                    heads[level] = at
+                    return
+                at += 1
+                heads[level] = at
+                if self._expires and self._expired(msg_id):
+                    self._remove(where, "expired")
+                    self.stats["expired"] += 1
+                    continue
+                acquired[msg_id] = consumer
+                for observer in self._acquisition_observers:
+                    observer.acquired(self, msg_id)
+                payload = self._data[where]
+                assert payload is not None  # checked above
+                consumer.deliver(self, msg_id, payload, self._delivery_counts.get(msg_id, 0))
+            heads[level] = at
+            if at > INDEX_COMPACT_MIN and at * 2 > len(ids):  # consumed in order: cut the prefix
+                levels[level] = ids[at:]
+                heads[level] = 0
+
+    def _next_consumer(self, consumers: list[Consumer]) -> Consumer | None:
+        """The next of ``consumers`` with credit, in turn."""
+        count = len(consumers)
+        for step in range(count):
+            consumer = consumers[(self._rr + step) % count]
+            if consumer.credit > 0:
+                self._rr = (self._rr + step + 1) % count
+                return consumer
+        return None
+
+    def _dispatch_browser(self, browser: Consumer) -> None:
+        if browser.sees_acquired:  # a replicating browser: every message, in id order
+            super()._dispatch_browser(browser)
+            return
+        levels = self.priority_index.levels
+        cursor = self._cursors.get(id(browser))
+        if cursor is None:
+            cursor = self._cursors[id(browser)] = [0] * len(levels)
+        acquired, counts = self._acquired, self._delivery_counts
+        for level in range(len(levels) - 1, -1, -1):
+            ids = levels[level]
+            at = bisect_right(ids, cursor[level])
+            while at < len(ids):
+                if browser.credit <= 0:
+                    return
+                msg_id = ids[at]
+                at += 1
+                cursor[level] = msg_id
+                where = self._index(msg_id)
+                if where is None or msg_id in acquired:
+                    continue
+                payload = self._data[where]
+                assert payload is not None  # _index finds only messages still here
+                browser.deliver(self, msg_id, payload, counts.get(msg_id, 0) if counts else 0)
+                if levels[level] is not ids:  # changed while delivering: read it again next time
+                    break
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        super().remove_consumer(consumer)
+        self._cursors.pop(id(consumer), None)
+
+    def release(self, msg_id: int, delivery_failed: bool) -> None:
+        if msg_id in self._acquired:
+            data = self.get(msg_id)
+            if data is not None:
+                index = self.priority_index
+                index.add(msg_id, index.level(data))
+        super().release(msg_id, delivery_failed)
+
+    def ordered_ids(self) -> list[int]:
+        """The ids of the messages on the queue in the order consumers get them."""
+        return self.priority_index.ordered()
+
+    def describe(self) -> dict[str, Any]:
+        described = super().describe()
+        described["priorities"] = self.settings.priorities
+        return described
+
+
+class DeliveryLimitQueue(Queue):
+    """A message whose delivery failed ``x-delivery-limit`` times leaves for the alternate exchange."""
+
+    dead_letter: DeadLetter | None = None  # set by the registry: routes it (or drops it, with a log line)
+
+    def release(self, msg_id: int, delivery_failed: bool) -> None:
+        if (delivery_failed and msg_id in self._acquired
+                and self._delivery_counts.get(msg_id, 0) + 1 >= self.settings.delivery_limit):
+            del self._acquired[msg_id]
+            data = self.dequeue(msg_id, "delivery-limit")
+            if data is not None:
+                self.stats["dead_lettered"] += 1
+                if self.dead_letter is not None:
+                    self.dead_letter(self, data, "delivery-limit")
+            return
+        super().release(msg_id, delivery_failed)
+
+    def describe(self) -> dict[str, Any]:
+        described = super().describe()
+        described["delivery_limit"] = self.settings.delivery_limit
+        return described
+
+
+class SingleActiveConsumerQueue(Queue):
+    """Only the first consumer (in attach order) gets messages; the others wait their turn."""
+
+    def _dispatch_consumers(self, consumers: list[Consumer]) -> None:
+        super()._dispatch_consumers(consumers[:1])
+
+    def describe(self) -> dict[str, Any]:
+        described = super().describe()
+        described["single_active_consumer"] = True
+        described["waiting_consumers"] = max(0, len(self.consumers) - 1)
+        return described
+
+
+_CLASSES: dict[tuple[bool, bool, bool], type[Queue]] = {}
+
+
+def queue_class(settings: QueueSettings) -> type[Queue]:
+    """The class a queue with ``settings`` is made of: ``Queue`` itself unless it has a feature."""
+    key = (settings.single_active_consumer, settings.delivery_limit > 0, settings.priorities > 0)
+    if not any(key):
+        return Queue
+    found = _CLASSES.get(key)
+    if found is None:
+        bases = tuple(cls for cls, wanted in zip((SingleActiveConsumerQueue, DeliveryLimitQueue, PriorityQueue), key)
+                      if wanted)
+        found = bases[0] if len(bases) == 1 else type("".join(c.__name__[:-5] for c in bases) + "Queue", bases, {})
+        _CLASSES[key] = found
+    return found
