@@ -37,6 +37,7 @@ from .admission import ClientAdmission
 from .cluster_management import ClusterManagement
 from .effects import perform
 from .election import ElectionLoop
+from .role_hooks import HALTED, role_name
 from .supervised import lease_reporter
 from .states import (
     Event,
@@ -117,9 +118,16 @@ class HaNode:
         # Clients of a stopping cluster node should go straight to the next one.
         node.shutdown_refusal = Refusal(Condition("amqp:connection:forced", "node shutting down"),
                                         abort=config.client_refusal == "abort")
+        # Told the role (role_hooks.role_name, or "halted") and term on every change of state or detail,
+        # before its actions run, and the first role once the node starts (role_hooks.py, --on-role-change).
+        self.on_role_change: list[Callable[[str, int], None]] = []
+        self._role_told: str | None = None
+        node.on_start.append(self._tell_role)
         node.on_start.append(self.backup.start)
         node.on_stop.append(lambda: self.fire(Event.STOP))
-        self.on_serving: list[Callable[[bool], None]] = []  # told when client service starts or stops
+        # Told when client service starts or stops (admit_clients / exclude_clients): every way out of
+        # primary (demoted, lost_lease, stop, a halt) excludes clients first (virtual_ip.py, dr/).
+        self.on_serving: list[Callable[[bool], None]] = []
         self.election: ElectionLoop | None = None
         node.handler.fenced_refusal = self.admission.refusal
         if config.etcd:
@@ -227,8 +235,28 @@ class HaNode:
             self.node.journal.term_seen(self.status.term)
         if transition.changed:
             log.info("state change", previous=str(transition.previous), now=str(self.status), trigger=str(event))
+            self._tell_role()
         perform(transition.actions, self)
         return True
+
+    @property
+    def role(self) -> str:
+        """What role-change hooks are told: ``role_hooks.role_name`` of the status, or ``halted``."""
+        if self.halted is not None and self.status.state is not State.STOPPED:
+            return HALTED
+        return role_name(self.status)
+
+    def _tell_role(self) -> None:
+        """Tell the ``on_role_change`` observers the role, if it is not the one they were told last."""
+        role = self.role
+        if role == self._role_told:
+            return
+        self._role_told = role
+        for fn in self.on_role_change:
+            try:
+                fn(role, self.status.term)
+            except Exception:  # an observer only queues work; a bug there must not stop a role change
+                log.exception("role change observer failed", role=role)
 
     # -- the table's actions (effects.RoleEffects); without etcd the last three have nothing to do ----------
 
@@ -269,6 +297,7 @@ class HaNode:
     def _halt(self, reason: str) -> None:
         """Stop replication and client service: better no role than an undefined one."""
         self.halted = reason
+        self._tell_role()
         self.exclude_clients()
         self.stop_replication()
         self.stop_serving_backups()
@@ -278,7 +307,10 @@ class HaNode:
         changed, self.admitting = admitting != self.admitting, admitting
         if changed:
             for fn in self.on_serving:
-                fn(admitting)
+                try:
+                    fn(admitting)
+                except Exception:  # client service must change whatever an observer does
+                    log.exception("serving observer failed", admitting=admitting)
 
     # -- backup side -----------------------------------------------------------------
 

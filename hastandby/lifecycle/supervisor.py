@@ -19,6 +19,11 @@ no process that could still acknowledge a message holds it.  A frozen child
 and the fence stops it, as without a supervisor.  A host crash takes both
 processes: the lease then expires after its TTL, as before.
 
+With ``--virtual-ip`` the supervisor also removes the address from this
+host's interface as soon as the node has exited, before it revokes the
+lease (``virtual_ip.py``): a dead broker process cannot, and the host is
+alive.
+
 SIGTERM, SIGINT and SIGHUP are passed to the node; after a stop it asked for
 (or a node that exited 0: someone stopped it on purpose) the supervisor
 exits with the node's code instead of starting it again.
@@ -69,9 +74,12 @@ class Supervisor:
     """Runs ``argv`` (a node) until asked to stop; revokes its lease each time it dies, then starts it again."""
 
     def __init__(self, argv: list[str], etcd: EtcdSettings | None,
-                 revoke: Callable[[int], None] | None = None) -> None:
+                 revoke: Callable[[int], None] | None = None,
+                 after_exit: Callable[[], object] | None = None) -> None:
         self.argv = argv
         self._revoke = revoke or (_etcd_revoker(etcd) if etcd is not None else None)
+        # Undo on this host what the dead node held (its --virtual-ip), before its lease goes.
+        self._after_exit = after_exit
         self._stopping = threading.Event()
         self._child: subprocess.Popen[bytes] | None = None
 
@@ -82,6 +90,11 @@ class Supervisor:
         while True:
             started = time.monotonic()
             returncode, lease = self._run_child()
+            if self._after_exit is not None:
+                try:
+                    self._after_exit()
+                except Exception:  # the lease must be revoked whatever this does
+                    log.exception("cleaning up after the node failed")
             if lease is not None and self._revoke is not None:
                 self._revoke_lease(lease)
             if self._stopping.is_set() or returncode == 0:

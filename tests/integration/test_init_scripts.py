@@ -431,3 +431,40 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
     except OSError:
         return b""
+
+
+def test_the_role_hook_and_the_virtual_ip_settings_reach_the_node(nodes, tmp_path):
+    """QPID_HA_ON_ROLE_CHANGE (one argument, spaces kept) and QPID_HA_VIRTUAL_IP(_INTERFACE) become the node's
+    --on-role-change, --virtual-ip and --virtual-ip-interface (docs/lifecycle.md section 14)."""
+    (a,) = nodes(1)
+    hooks = tmp_path / "hook dir"
+    hooks.mkdir()
+    calls = hooks / "calls"
+    hook = hooks / "hook"
+    hook.write_text(f'#!/bin/sh\necho "$*" >> "{calls}"\n')
+    hook.chmod(0o755)
+    a.env["QPID_HA_ON_ROLE_CHANGE"] = f"'{hook}' --tag 'a b'"
+    check(a.backup("start"), OK, "started")
+    check(a.primary("start"), OK, "is primary")
+    check(a.backup("stop", "--force"), OK, "stopped")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and "stopped" not in (calls.read_text() if calls.exists() else ""):
+        time.sleep(0.05)
+    roles = [line.split()[3] for line in calls.read_text().splitlines()]
+    assert roles == ["connecting", "primary-recovering", "primary-active", "stopped"], calls.read_text()
+    assert calls.read_text().splitlines()[0] == "--tag a b connecting hastandby 0"
+
+    # The virtual IP: the node is started with both options (here on lo, which it refuses: no Ethernet).
+    argv_file = tmp_path / "argv"
+    wrapper = tmp_path / "hastandby-wrapper"
+    wrapper.write_text(f'#!/bin/sh\n[ "$1" = serve ] && printf "%s\\n" "$@" > "{argv_file}"\n'
+                       f'exec {sys.executable} -m hastandby "$@"\n')
+    wrapper.chmod(0o755)
+    (b,) = nodes(1)
+    b.env.update(HASTANDBY=str(wrapper), QPID_HA_VIRTUAL_IP="10.78.254.100/24", QPID_HA_VIRTUAL_IP_INTERFACE="lo",
+                 QPID_HA_START_TIMEOUT="5")
+    check(b.backup("start"), FAILED)
+    argv = argv_file.read_text().splitlines()
+    assert argv[argv.index("--virtual-ip") + 1] == "10.78.254.100/24"
+    assert argv[argv.index("--virtual-ip-interface") + 1] == "lo"
+    assert "--virtual-ip-interface lo: cannot send ARP there" in b.log.read_text()

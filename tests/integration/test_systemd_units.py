@@ -299,3 +299,44 @@ def test_a_node_without_a_brokers_url_exits_6_which_the_unit_does_not_restart(ru
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 6 and "QPID_HA_BROKERS_URL is not set" in result.stderr
     assert "6" in setting(NODE_UNIT, "RestartPreventExitStatus")[0].split()
+
+
+VIRTUAL_IP_DROP_IN = UNITS / "hastandby@.service.d" / "virtual-ip.conf"
+
+
+def test_the_virtual_ip_drop_in_grants_two_capabilities_and_verifies(unit_dir):
+    """The drop-in --virtual-ip needs: CAP_NET_ADMIN and CAP_NET_RAW as ambient capabilities, netlink and packet
+    sockets; systemd-analyze reads it with the unit without a warning, and the exposure stays low."""
+    assert setting(VIRTUAL_IP_DROP_IN, "AmbientCapabilities") == ["CAP_NET_ADMIN CAP_NET_RAW"]
+    assert setting(VIRTUAL_IP_DROP_IN, "CapabilityBoundingSet") == ["CAP_NET_ADMIN CAP_NET_RAW"]
+    drop_ins = unit_dir / "hastandby@.service.d"
+    drop_ins.mkdir()
+    shutil.copy(VIRTUAL_IP_DROP_IN, drop_ins)
+    analyze = systemd_analyze()
+    unit = str(unit_dir / "hastandby@n1.service")
+    result = subprocess.run([analyze, "verify", "--man=no", unit], capture_output=True, text=True, timeout=120)
+    output = (result.stdout + result.stderr).strip()
+    assert result.returncode == 0 and output == "", output
+    result = subprocess.run([analyze, "security", "--offline=true", "--threshold=30", unit],
+                            capture_output=True, text=True, timeout=120)
+    assert "RestrictAddressFamilies=~AF_PACKET" in result.stdout  # the drop-in was read
+    overall = re.search(r"Overall exposure level for \S+: ([0-9.]+)", result.stdout)
+    assert result.returncode == 0 and overall is not None and float(overall.group(1)) <= 2.5, result.stdout
+
+
+def test_the_helper_passes_the_virtual_ip_and_the_role_hook(tmp_path):
+    """``hastandby-service serve`` turns QPID_HA_VIRTUAL_IP(_INTERFACE) and QPID_HA_ON_ROLE_CHANGE (one
+    argument, spaces kept) into the node's options."""
+    argv_file = tmp_path / "argv"
+    recorder = tmp_path / "hastandby"
+    recorder.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{argv_file}"\n')
+    recorder.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "HASTANDBY": str(recorder), "QPID_HA_BROKERS_URL": "n1:5672,n2:5672",
+           "QPID_HA_VIRTUAL_IP": "10.0.0.100/24", "QPID_HA_VIRTUAL_IP_INTERFACE": "eth0",
+           "QPID_HA_ON_ROLE_CHANGE": "/usr/local/bin/move address", "QPID_HA_DATA_DIR": str(tmp_path)}
+    result = subprocess.run([str(HELPER), "serve"], env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    argv = argv_file.read_text().splitlines()
+    assert argv[argv.index("--virtual-ip") + 1] == "10.0.0.100/24"
+    assert argv[argv.index("--virtual-ip-interface") + 1] == "eth0"
+    assert argv[argv.index("--on-role-change") + 1] == "/usr/local/bin/move address"

@@ -129,8 +129,9 @@ class EtcdServer:
     """
 
     def __init__(self, binary: str | None = None, *, tls: EtcdTls | None = None,
-                 auth_token_ttl: int | None = None, name: str = "test") -> None:
+                 auth_token_ttl: int | None = None, name: str = "test", host: str = "127.0.0.1") -> None:
         self.binary = binary or find_etcd_binary()
+        self.host = host  # where it listens: another address (a bridge's) lets network namespaces reach it
         self.tls = tls
         self.auth_token_ttl = auth_token_ttl
         self.name = name
@@ -144,11 +145,11 @@ class EtcdServer:
     @property
     def client_url(self) -> str:
         """The URL clients use, e.g. ``http://127.0.0.1:23791`` (``https://`` with TLS)."""
-        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self._client_port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self._client_port}"
 
     @property
     def peer_url(self) -> str:
-        return f"http://127.0.0.1:{self._peer_port}"
+        return f"http://{self.host}:{self._peer_port}"
 
     @property
     def pid(self) -> int | None:
