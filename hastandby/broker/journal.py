@@ -11,7 +11,8 @@ a queue declared durable.  The journal (``<data-dir>/journal``, records in
   and one fsync on the writer thread (group commit), and the completions are
   released back on the reactor thread; the reactor never waits for the disk;
 - dequeues of journaled messages, their delivery-counts when a delivery
-  fails (a delivery limit counts on across a restart), lineage changes
+  fails (a delivery limit counts on across a restart), the message-ids a
+  deduplicating queue remembers of its durable messages, lineage changes
   (``lineage.py``) and the highest term seen are appended in order with
   them, without holding anyone.
 
@@ -94,9 +95,16 @@ class _Job:
     size: int = 0  # the file's size after this job (set by the writer)
 
 
-Snapshot = list[tuple[int, str, str, list[Any], Any, list[Any], IdSet, dict[int, float], dict[int, int]]]
+Snapshot = list[tuple[int, str, str, list[Any], Any, list[Any], IdSet, dict[int, float], dict[int, int],
+                      list[tuple[bytes, int]]]]
 """Per journaled queue: number, uuid, name, lineage (wire form), ids and payloads (copies), journaled ids,
-expiry deadlines (monotonic seconds, a copy), delivery-counts (a copy)."""
+expiry deadlines (monotonic seconds, a copy), delivery-counts (a copy), remembered message-ids of durable
+messages (key, ms: a deduplicating queue's)."""
+
+
+def _durable_message_ids(queue: Queue) -> list[tuple[bytes, int]]:
+    entries = getattr(queue, "remembered_entries", None)
+    return [] if entries is None else [(key, ms) for key, ms, _ in entries(durable_only=True)]
 
 
 class Journal:
@@ -137,6 +145,7 @@ class Journal:
         self._enqueue_run: tuple[Queue, list[int], list[bytes], list[tuple[int, int]]] | None = None
         """One queue's enqueues, one record: the queue, ids, payloads, and (id, ttl) of those with a ttl."""
         self._dequeue_run: tuple[Queue, int, int] | None = None  # consecutive dequeues become one record
+        self._message_ids: dict[Queue, list[tuple[bytes, int]]] = {}  # remembered ids, a record a queue a pass
         self._held: list[tuple[Completion, Queue, int]] = []
         self._flush_pending = False
         self._written = 0  # bytes in the file
@@ -190,6 +199,8 @@ class Journal:
                         replay(body[0]).expire(body[1])
                     elif kind == jf.COUNTS:
                         replay(body[0]).count(body[1])
+                    elif kind == jf.MESSAGE_IDS:
+                        replay(body[0]).remember(body[1])
                     elif kind == jf.ENQUEUE:
                         held = replay(body[0])
                         held.enqueue([body[1]], [body[2]])
@@ -221,6 +232,9 @@ class Journal:
                 report.orphans += len(ids)
                 continue
             queue.restore(ids, payloads, ttls, messages.counts(ids))
+            remember = getattr(queue, "remember", None)
+            if remember is not None and messages.message_ids:  # a deduplicating queue: its ids within the window
+                remember([(key, ms, True) for key, ms in messages.message_ids.items()])
             self._journaled[queue] = IdSet.from_increasing(ids)
             if ids:
                 self._holding.add(queue)
@@ -283,7 +297,9 @@ class Journal:
         number = self._numbers.get(queue.uuid)
         if number is None:
             number = self._numbers[queue.uuid] = max(self._numbers.values(), default=0) + 1
-            self._add(jf.queue_record(number, queue.uuid, queue.name))
+            # Straight into the buffer, not after the pending runs: one of them may be what asks for the number,
+            # and every record that names the queue by it must come after this one.
+            self._buffer += jf.queue_record(number, queue.uuid, queue.name)
         return number
 
     def _add(self, record: bytes) -> None:
@@ -299,6 +315,10 @@ class Journal:
             self._buffer += jf.enqueue_run_record(number, enqueues[1], enqueues[2])
             if enqueues[3]:
                 self._buffer += jf.expiry_record(number, enqueues[3])
+        if self._message_ids:
+            remembered, self._message_ids = self._message_ids, {}
+            for queue, entries in remembered.items():
+                self._buffer += jf.message_ids_record(self._number(queue), entries)
         dequeues, self._dequeue_run = self._dequeue_run, None
         if dequeues is not None:
             number = self._number(dequeues[0])
@@ -352,6 +372,14 @@ class Journal:
 
     def released(self, queue: Queue, msg_id: int) -> None:
         pass
+
+    def id_remembered(self, queue: Queue, key: bytes, ms: int, durable: bool) -> None:
+        """A deduplicating queue took a message-id: a durable message's goes on disk with it (same flush), so
+        a producer re-sending after a restart makes no duplicate; a non-durable one's does not (the message
+        does not survive a restart, so its re-sending must be taken)."""
+        if durable:
+            self._message_ids.setdefault(queue, []).append((key, ms))
+            self._flush_soon()
 
     def delivery_counted(self, queue: Queue, msg_id: int, count: int) -> None:
         """A delivery of a message failed (rare): a journaled one's count goes on disk after its enqueue."""
@@ -533,12 +561,12 @@ class Journal:
 
     def _snapshot(self) -> Snapshot:
         return [(self._number(q), q.uuid, q.name, lineages.to_wire(q.lineage), q._ids[:], q._data[:], ids.copy(),
-                 q.deadlines(), q.delivery_counts()) for q, ids in self._journaled.items()]
+                 q.deadlines(), q.delivery_counts(), _durable_message_ids(q)) for q, ids in self._journaled.items()]
 
     def _encode(self, snapshot: Snapshot) -> bytes:
         parts = [jf.open_record(self.node_id, self.term)]
         now = time.monotonic()
-        for number, uuid, name, wire, ids, payloads, journaled, deadlines, counts in snapshot:
+        for number, uuid, name, wire, ids, payloads, journaled, deadlines, counts, message_ids in snapshot:
             parts.append(jf.queue_record(number, uuid, name))
             parts.append(jf.lineage_record(number, wire))
             kept = [(msg_id, payload) for msg_id, payload in zip(ids, payloads)
@@ -552,6 +580,8 @@ class Journal:
                 failed = [(m, counts[m]) for m, _ in run if m in counts] if counts else None
                 if failed:
                     parts.append(jf.counts_record(number, failed))
+            for at in range(0, len(message_ids), RUN_MESSAGES):
+                parts.append(jf.message_ids_record(number, message_ids[at:at + RUN_MESSAGES]))
         return b"".join(parts)
 
     def _begin_restart_epochs(self, queues: Any) -> None:

@@ -38,7 +38,12 @@ Record types and bodies:
   u32 delivery-count: journaled messages whose delivery failed (a delivery
   limit counts on after a restart); the last record for an id wins, and a
   compacted file has one for each live message with a count.  A reader that
-  predates the record type stops there, as at a torn tail.
+  predates the record type stops there, as at a torn tail;
+- ``MESSAGE_IDS``: u32 queue number, u32 count, then count entries of u64
+  milliseconds since the epoch, u16 key length and the key: message-ids a
+  deduplicating queue remembers (of durable messages only: a message lost at
+  a restart must be taken again when its producer re-sends it); a compacted
+  file has those still within the queue's window.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ from itertools import accumulate
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Union
 
-OPEN, QUEUE, ENQUEUE, DEQUEUE, LINEAGE, TERM, CLOSE, ENQUEUE_RUN, EXPIRY, COUNTS = range(1, 11)
+OPEN, QUEUE, ENQUEUE, DEQUEUE, LINEAGE, TERM, CLOSE, ENQUEUE_RUN, EXPIRY, COUNTS, MESSAGE_IDS = range(1, 12)
 FORMAT = 2  # in OPEN records: this writer follows runs with EXPIRY records
 _HEAD = struct.Struct("<IIB")
 _NUMBER = struct.Struct("<I")
@@ -113,6 +118,15 @@ def counts_record(number: int, counts: list[tuple[int, int]]) -> bytes:
     """Delivery-counts (id, count) of journaled messages of queue ``number``."""
     return record(COUNTS, _RUN.pack(number, len(counts)) + b"".join(_TTL.pack(msg_id, count)
                                                                         for msg_id, count in counts))
+
+
+_KEY = struct.Struct("<QH")
+
+
+def message_ids_record(number: int, entries: list[tuple[bytes, int]]) -> bytes:
+    """Remembered message-ids (key, ms since the epoch) of deduplicating queue ``number``."""
+    return record(MESSAGE_IDS, _RUN.pack(number, len(entries)) + b"".join(_KEY.pack(ms, len(key)) + key
+                                                                            for key, ms in entries))
 
 
 def lineage_record(number: int, wire: list[list[Any]]) -> bytes:
@@ -210,6 +224,19 @@ def _decode(kind: int, body: bytes) -> Any:
         if len(body) != _RUN.size + count * _TTL.size:
             raise ValueError("a counts record's pairs do not fill it")
         return number, list(_TTL.iter_unpack(body[_RUN.size:]))
+    if kind == MESSAGE_IDS:
+        number, count = _RUN.unpack_from(body)
+        entries, at = [], _RUN.size
+        for _ in range(count):
+            ms, size = _KEY.unpack_from(body, at)
+            at += _KEY.size
+            if at + size > len(body):
+                raise ValueError("a message-ids record's keys overrun it")
+            entries.append((bytes(body[at:at + size]), ms))
+            at += size
+        if at != len(body):
+            raise ValueError("a message-ids record's entries do not fill it")
+        return number, entries
     if kind == LINEAGE:
         (number,) = _NUMBER.unpack_from(body)
         return number, json.loads(body[_NUMBER.size:])

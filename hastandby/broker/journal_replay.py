@@ -27,7 +27,7 @@ from .idset import IdSet
 class QueueReplay:
     """One queue's messages as its records, replayed in order, leave them."""
 
-    __slots__ = ("_ids", "_payloads", "_removed", "_by_id", "_ttls", "_counts")
+    __slots__ = ("_ids", "_payloads", "_removed", "_by_id", "_ttls", "_counts", "message_ids")
 
     def __init__(self) -> None:
         self._ids: list[int] = []  # strictly increasing while _by_id is None
@@ -36,6 +36,7 @@ class QueueReplay:
         self._by_id: dict[int, bytes] | None = None  # the general form, once a run went back
         self._ttls: dict[int, int] = {}  # id -> ttl (ms) of the messages that have one
         self._counts: dict[int, int] = {}  # id -> delivery-count of the messages whose delivery failed
+        self.message_ids: dict[bytes, int] = {}  # a deduplicating queue's remembered ids: key -> ms (the latest)
 
     def enqueue(self, ids: list[int], payloads: list[bytes]) -> None:
         """Messages enqueued in this order (a later enqueue of a held id replaces its payload)."""
@@ -59,6 +60,13 @@ class QueueReplay:
     def expire(self, ttls: list[tuple[int, int]]) -> None:
         """The ttls (id, milliseconds) of messages just enqueued."""
         self._ttls.update(ttls)
+
+    def remember(self, entries: list[tuple[bytes, int]]) -> None:
+        """Message-ids (key, ms) a deduplicating queue remembered; the latest time for a key wins."""
+        message_ids = self.message_ids
+        for key, ms in entries:
+            if message_ids.get(key, -1) < ms:
+                message_ids[key] = ms
 
     def count(self, counts: list[tuple[int, int]]) -> None:
         """Delivery-counts (id, count) of messages held; the last one for an id wins."""

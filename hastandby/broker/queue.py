@@ -95,6 +95,7 @@ class QueueSettings:
     priorities: int = 0  # qpid.priorities: levels of a priority queue (0: a plain FIFO queue)
     delivery_limit: int = 0  # x-delivery-limit: failed deliveries before dead-lettering (0: none)
     single_active_consumer: bool = False  # x-single-active-consumer
+    dedup_window: int = 0  # x-dedup-window: seconds a message-id is remembered (0: no duplicate detection)
     arguments: dict[str, Any] = field(default_factory=dict)
 
 
@@ -118,7 +119,7 @@ class Queue:
         self.depth = 0
         self.bytes = 0
         self.stats = {"enqueued": 0, "dequeued": 0, "expired": 0, "ring_dropped": 0, "rejected": 0,
-                      "dead_lettered": 0}
+                      "dead_lettered": 0, "deduplicated": 0}
         self._ids = array("q")
         self._data: list[bytes | None] = []
         self._holes = 0

@@ -1,4 +1,5 @@
-"""Queues that do more than FIFO: priorities, a delivery limit, a single active consumer (docs/queues.md).
+"""Queues that do more than FIFO: priorities, a delivery limit, a single active consumer, duplicate
+detection (docs/queues.md).
 
 A plain queue (``queue.Queue``) pays nothing for these: each feature is a
 class that overrides the few ``Queue`` methods it changes, and the registry
@@ -31,13 +32,21 @@ restarted on its journal behave as the primary did:
   the next one is the first.  Nothing to replicate: consumers attach to the
   primary only, and after a failover the first to attach to the new primary
   is the active one.
+- **Duplicate detection** (``x-dedup-window``): a message whose message-id
+  the queue enqueued within the window is accepted and not enqueued again.
+  The remembered ids are replicated (a replica remembers what it is given,
+  and its primary sends each id with its time: a ``u`` control) and
+  journaled with durable messages, so a producer that re-sends after a
+  failover or a restart makes no duplicate.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from bisect import bisect_left, bisect_right
-from typing import Any, Callable
+from collections import OrderedDict
+from typing import Any, Callable, Iterable
 
 from . import sections
 from .completion import Completion
@@ -277,18 +286,110 @@ class SingleActiveConsumerQueue(Queue):
         return described
 
 
-_CLASSES: dict[tuple[bool, bool, bool], type[Queue]] = {}
+class DedupQueue(Queue):
+    """A message whose ``message-id`` the queue took within ``x-dedup-window`` seconds is accepted, not enqueued.
+
+    The queue remembers each id it enqueued (``sections.message_id_key``: the
+    id's type and value, read from the bytes) with the wall-clock time it did,
+    in milliseconds since the epoch, oldest first; ids older than the window
+    are forgotten as new ones come.  A replica (a message given with its
+    replication id: a backup, a DR replica) never drops one: its primary
+    decided; it remembers the id, and its primary's time for it when the
+    primary's ``u`` control says (``remember``).  Observers with
+    ``id_remembered`` (replication, the journal) hear of each id.
+    """
+
+    def __init__(self, name: str, settings: QueueSettings, object_uuid: str | None = None) -> None:
+        self.remembered: OrderedDict[bytes, tuple[int, bool]] = OrderedDict()  # key -> (ms, durable), oldest first
+        self._id_observers: list[Any] = []
+        self._window_ms = settings.dedup_window * 1000
+        super().__init__(name, settings, object_uuid)
+
+    def _follow_acquisitions(self) -> None:
+        super()._follow_acquisitions()
+        self._id_observers = [o for o in self.observers if hasattr(o, "id_remembered")]
+
+    def enqueue(self, data: bytes, completion: Completion | None = None, ttl_ms: int | None = None,
+                msg_id: int | None = None) -> int:
+        key = sections.message_id_key(data)
+        if key is None:
+            return super().enqueue(data, completion, ttl_ms, msg_id)
+        now = int(time.time() * 1000)
+        if msg_id is None:
+            seen = self.remembered.get(key)
+            if seen is not None and now - seen[0] < self._window_ms:
+                self.stats["deduplicated"] += 1
+                return 0  # accepted (the completion is not held), not enqueued
+        stored = super().enqueue(data, completion, ttl_ms, msg_id)
+        self._remember(key, now, sections.header_durable(data))
+        return stored
+
+    def enqueue_run(self, payloads: list[bytes]) -> None:
+        """A DR tap's run: its source decided; the ids are remembered."""
+        super().enqueue_run(payloads)
+        now = int(time.time() * 1000)
+        for payload in payloads:
+            key = sections.message_id_key(payload)
+            if key is not None:
+                self._remember(key, now, sections.header_durable(payload))
+
+    def _remember(self, key: bytes, ms: int, durable: bool) -> None:
+        remembered = self.remembered
+        if key in remembered:
+            del remembered[key]
+        remembered[key] = (ms, durable)
+        for observer in self._id_observers:
+            observer.id_remembered(self, key, ms, durable)
+        self.forget_old(ms)
+
+    def forget_old(self, now_ms: int | None = None) -> None:
+        """Forget the ids remembered longer ago than the window."""
+        remembered = self.remembered
+        cutoff = (int(time.time() * 1000) if now_ms is None else now_ms) - self._window_ms
+        while remembered:
+            key, (ms, _) = next(iter(remembered.items()))
+            if ms > cutoff:
+                return
+            del remembered[key]
+
+    def remember(self, entries: Iterable[tuple[bytes, int, bool]]) -> None:
+        """Ids (key, ms since the epoch, durable) a primary remembered, or the journal kept: remembered with
+        their time (the later one, if already here), oldest first; those past the window are not."""
+        remembered = self.remembered
+        now = int(time.time() * 1000)
+        for key, ms, durable in sorted(entries, key=lambda entry: entry[1]):
+            if now - ms >= self._window_ms:
+                continue
+            old = remembered.get(key)
+            if old is None or old[0] < ms:
+                self._remember(key, ms, durable)
+
+    def remembered_entries(self, durable_only: bool = False) -> list[tuple[bytes, int, bool]]:
+        """The ids remembered now, oldest first (a backup subscribing, a journal compacting)."""
+        self.forget_old()
+        return [(key, ms, durable) for key, (ms, durable) in self.remembered.items() if durable or not durable_only]
+
+    def describe(self) -> dict[str, Any]:
+        described = super().describe()
+        self.forget_old()
+        described["dedup_window"] = self.settings.dedup_window
+        described["dedup_ids"] = len(self.remembered)
+        return described
+
+
+_CLASSES: dict[tuple[bool, ...], type[Queue]] = {}
 
 
 def queue_class(settings: QueueSettings) -> type[Queue]:
     """The class a queue with ``settings`` is made of: ``Queue`` itself unless it has a feature."""
-    key = (settings.single_active_consumer, settings.delivery_limit > 0, settings.priorities > 0)
+    key = (settings.dedup_window > 0, settings.single_active_consumer, settings.delivery_limit > 0,
+           settings.priorities > 0)
     if not any(key):
         return Queue
     found = _CLASSES.get(key)
     if found is None:
-        bases = tuple(cls for cls, wanted in zip((SingleActiveConsumerQueue, DeliveryLimitQueue, PriorityQueue), key)
-                      if wanted)
+        kinds = (DedupQueue, SingleActiveConsumerQueue, DeliveryLimitQueue, PriorityQueue)
+        bases = tuple(cls for cls, wanted in zip(kinds, key) if wanted)
         found = bases[0] if len(bases) == 1 else type("".join(c.__name__[:-5] for c in bases) + "Queue", bases, {})
         _CLASSES[key] = found
     return found

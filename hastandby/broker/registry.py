@@ -37,6 +37,8 @@ INTERNAL = "hastandby.internal"  # the argument that lets the broker's own queue
 PRIORITIES = "qpid.priorities"  # queue features (docs/queues.md, queue_kinds.py)
 DELIVERY_LIMIT = "x-delivery-limit"
 SINGLE_ACTIVE_CONSUMER = "x-single-active-consumer"
+DEDUP_WINDOW = "x-dedup-window"
+MAX_DEDUP_WINDOW = 86_400  # seconds: a day of message-ids at most
 MAX_PRIORITIES = 10
 MAX_DELIVERY_LIMIT = 2**31 - 1
 DEAD_LETTER_REASON = symbol("x-opt-dead-letter-reason")  # message annotations of a dead-lettered message
@@ -137,6 +139,7 @@ def queue_settings(
         priorities=_whole(args, PRIORITIES, 1, MAX_PRIORITIES),
         delivery_limit=_whole(args, DELIVERY_LIMIT, 1, MAX_DELIVERY_LIMIT),
         single_active_consumer=_switch(args, SINGLE_ACTIVE_CONSUMER),
+        dedup_window=_whole(args, DEDUP_WINDOW, 1, MAX_DEDUP_WINDOW),
     )
     args[REPLICATE] = settings.replicate  # the effective level travels with the object
     settings.arguments = args

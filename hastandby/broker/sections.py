@@ -9,6 +9,8 @@ decode only those sections, with proton's C codec, and only when asked.
 
 from __future__ import annotations
 
+import hashlib
+import uuid as uuidlib
 from typing import Any, Iterator
 
 from proton import Data, Described, uint, ulong
@@ -318,3 +320,120 @@ def with_delivery_count(buf: bytes, count: int) -> bytes:
     out = Data()
     out.put_object(Described(ulong(HEADER), fields))
     return bytes(out.encode()) + bytes(rest)
+
+
+# Section codes in the order AMQP puts them before the properties; each is skipped by its size.
+_BEFORE_PROPERTIES = (HEADER, DELIVERY_ANNOTATIONS, MESSAGE_ANNOTATIONS)
+
+
+LONG_ID = 256
+"""A message-id key longer than this (bytes) is kept as its SHA-256 digest: what a queue remembers, replicates
+and journals stays small whatever a producer sends."""
+
+
+def message_id_key(buf: bytes) -> bytes | None:
+    """``_message_id_key``, with a long key replaced by ``#`` and its SHA-256 digest."""
+    key = _message_id_key(buf)
+    if key is not None and len(key) > LONG_ID:
+        return b"#" + hashlib.sha256(key).digest()
+    return key
+
+
+def _message_id_key(buf: bytes) -> bytes | None:
+    """The properties' ``message-id`` as a key (its AMQP type and value), or None if the message has none.
+
+    A deduplicating queue asks this of every message it takes, so the common
+    encodings are read straight from the bytes: the sections before the
+    properties (header, delivery and message annotations, lists and maps) are
+    skipped by their encoded sizes, and the id is the first field of the
+    properties' list.  Equal ids give equal keys whatever width their
+    encoding used (a ulong as smallulong or ulong, a string as str8 or
+    str32): the key is a type byte (0x80 ulong, 0x98 uuid, 0xA0 binary, 0xA1
+    string) and the value's bytes.  Anything else goes to the decoder; a
+    message it cannot read has no key (it is never taken for a duplicate).
+    """
+    try:
+        pos, end = 0, len(buf)
+        while pos + 3 < end and buf[pos] == 0 and buf[pos + 1] == 0x53:
+            code, kind = buf[pos + 2], buf[pos + 3]
+            if code == PROPERTIES:
+                key = _fast_id(buf, pos + 3, kind)
+                return _slow_id(buf) if key is False or key is True else key
+            if code not in _BEFORE_PROPERTIES:
+                return None  # past where the properties would be: none
+            if kind == 0x40 or kind == _EMPTY_LIST:  # null, list0
+                pos += 4
+            elif kind in (0xC0, 0xC1):  # list8, map8: size byte
+                pos += 5 + buf[pos + 4]
+            elif kind in (0xD0, 0xD1):  # list32, map32: four size bytes
+                pos += 8 + int.from_bytes(buf[pos + 4:pos + 8], "big")
+            else:
+                return _slow_id(buf)
+        return None if pos >= end or buf[pos] == 0 else _slow_id(buf)
+    except IndexError:
+        return _slow_id(buf)
+
+
+def _fast_id(buf: bytes, at: int, kind: int) -> bytes | None | bool:
+    """The key of a properties list starting at ``at`` (its constructor ``kind``); False: ask the decoder."""
+    if kind == _EMPTY_LIST or kind == 0x40:
+        return None
+    if kind == 0xC0:
+        count, at = buf[at + 2], at + 3
+    elif kind == 0xD0:
+        count, at = int.from_bytes(buf[at + 5:at + 9], "big"), at + 9
+    else:
+        return False
+    if count == 0:
+        return None
+    code = buf[at]
+    if code == 0x40:  # null
+        return None
+    if code == 0x44:  # ulong0
+        return b"\x80" + bytes(8)
+    if code == 0x53:  # smallulong
+        return b"\x80" + bytes(7) + buf[at + 1:at + 2]
+    if code == 0x80 and len(buf) >= at + 9:  # ulong
+        return b"\x80" + buf[at + 1:at + 9]
+    if code == 0x98 and len(buf) >= at + 17:  # uuid
+        return b"\x98" + buf[at + 1:at + 17]
+    if code in (0xA0, 0xA1):  # vbin8, str8
+        size = buf[at + 1]
+        if len(buf) >= at + 2 + size:
+            return bytes((code,)) + buf[at + 2:at + 2 + size]
+    elif code in (0xB0, 0xB1):  # vbin32, str32
+        size = int.from_bytes(buf[at + 1:at + 5], "big")
+        if len(buf) >= at + 5 + size:
+            return bytes((code - 0x10,)) + buf[at + 5:at + 5 + size]
+    return False
+
+
+def _slow_id(buf: bytes) -> bytes | None:
+    """``message_id_key`` by the decoder, for encodings the fast path does not read."""
+    try:
+        for code, data in _sections(buf):
+            if code == PROPERTIES:
+                fields = data.get_object().value  # type: ignore[union-attr]  # _sections yields described values
+                value = fields[0] if isinstance(fields, list) and fields else None
+                return _id_key(bytes(value) if isinstance(value, memoryview) else value)  # read while data lives
+            if code > PROPERTIES:
+                return None
+    except MalformedMessage:
+        return None
+    return None
+
+
+def _id_key(value: Any) -> bytes | None:
+    if value is None:
+        return None
+    if isinstance(value, uuidlib.UUID):
+        return b"\x98" + value.bytes
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):  # ulong (proton gives an int subclass)
+        return b"\x80" + int(value).to_bytes(8, "big") if 0 <= value < 2**64 else None
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return b"\xa0" + bytes(value)
+    if isinstance(value, str):
+        return b"\xa1" + value.encode("utf-8", "surrogatepass")
+    return None

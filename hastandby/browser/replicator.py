@@ -10,7 +10,8 @@ is dropped by the queue), then the batch is settled ``accepted``: the
 primary's guard for this backup releases its messages.  A control delivery
 (tag ``d...``) lists ids the primary dequeued; one tagged ``c...`` gives the
 delivery-counts of messages whose delivery failed on the primary, so a
-delivery limit counts on after a failover.
+delivery limit counts on after a failover; one tagged ``u...`` gives the
+message-ids a deduplicating queue remembers, with the primary's times.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ from hastandby.replication.codec import (
     COUNTS_TAG,
     DEQUEUE_TAG,
     IDS_PROPERTY,
+    MESSAGE_IDS_TAG,
     ProtocolError,
     decode_batch,
     decode_counts,
     decode_dequeues,
+    decode_message_ids,
 )
 from .protocol import LINEAGE_PROPERTY, REPLICATE_PROPERTY, TERM_PROPERTY
 
@@ -116,6 +119,12 @@ class QueueReplicator:
                 raise ProtocolError("delivery-tag", "a replication delivery needs a tag (b... or d...)")
             if tag.startswith(DEQUEUE_TAG):
                 self._dequeue(data)
+                self._accept(delivery)
+            elif tag.startswith(MESSAGE_IDS_TAG):
+                entries = decode_message_ids(data)
+                remember = getattr(self.queue, "remember", None)
+                if remember is not None:  # a deduplicating queue (declared with the primary's arguments)
+                    remember(entries)
                 self._accept(delivery)
             elif tag.startswith(COUNTS_TAG):
                 set_count = self.queue.set_delivery_count

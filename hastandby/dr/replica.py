@@ -55,10 +55,12 @@ from hastandby.broker.idset import IdSet
 from hastandby.replication.codec import (
     COUNTS_TAG,
     DEQUEUE_TAG,
+    MESSAGE_IDS_TAG,
     ProtocolError,
     decode_body,
     decode_counts,
     decode_dequeues,
+    decode_message_ids,
     encode_control,
     link_properties,
 )
@@ -302,6 +304,14 @@ class ReplicaLink:
                 queue = self._queue
                 assert queue is not None  # looked up with the link (opened), before any delivery
                 queue.dequeue_ranges(ranges, "replicated")
+                pn_delivery_settle(delivery)
+            elif tag.startswith(MESSAGE_IDS_TAG):  # a full replica remembers its source's message-ids too
+                entries = decode_message_ids(data)
+                queue = self._queue
+                assert queue is not None
+                remember = getattr(queue, "remember", None)
+                if remember is not None:  # declared with --dedup-window like its source
+                    remember(entries)
                 pn_delivery_settle(delivery)
             elif tag.startswith(COUNTS_TAG):  # a full replica mirrors its source's delivery-counts too
                 pairs = decode_counts(data)

@@ -42,6 +42,9 @@ IDS_PROPERTY = symbol("qpid.ha-ids")
 DEQUEUE_TAG = b"d"
 BATCH_TAG = b"b"
 COUNTS_TAG = b"c"
+MESSAGE_IDS_TAG = b"u"  # message-ids a deduplicating queue remembers
+MAX_KEY = 65_535  # bytes of one remembered message-id key (its type byte and value)
+MAX_MS = 2**63 - 1
 MAX_COUNT = 2**32 - 1  # a delivery-count is an AMQP uint
 
 MAX_ID = 2**63 - 2
@@ -136,6 +139,41 @@ def decode_counts(data: bytes | None) -> list[tuple[int, int]]:
         if type(count) is not int or not 0 <= count <= MAX_COUNT:
             raise ProtocolError("delivery-counts", f"{short(count)} is not a delivery-count (0..2**32-1)")
     return pairs
+
+
+def encode_message_ids(entries: list[tuple[bytes, int, bool]]) -> bytes:
+    """Remembered message-ids (key, ms since the epoch, durable) as a ``u`` delivery's bytes: a flat list."""
+    flat: list[Any] = []
+    for key, ms, durable in entries:
+        flat += (key, ms, durable)
+    return bytes(Message(body=flat).encode())
+
+
+def decode_message_ids(data: bytes | None) -> list[tuple[bytes, int, bool]]:
+    """A ``u`` delivery's (key, ms, durable) triples: keys of 1..65535 bytes, ms 0..2**63-1."""
+    if not data:
+        raise ProtocolError("message-ids", "an empty delivery", DECODE_ERROR)
+    message = Message()  # kept while the keys are read: proton gives binaries as views of its buffer
+    try:
+        message.decode(data)
+        body = message.body
+    except Exception as error:  # noqa: BLE001 - proton raises many types on a peer's bytes
+        raise ProtocolError("message-ids", f"not an AMQP message we can read ({type(error).__name__}: {error})",
+                            DECODE_ERROR) from None
+    if not isinstance(body, (list, tuple)) or len(body) % 3:
+        raise ProtocolError("message-ids", f"a list of key, time, durable triples, got {short(body)}")
+    triples = []
+    for at in range(0, len(body), 3):
+        key, ms, durable = body[at], plain(body[at + 1]), body[at + 2]
+        if not isinstance(key, (bytes, memoryview)) or not 1 <= len(key) <= MAX_KEY:
+            shown = bytes(key) if isinstance(key, memoryview) else key
+            raise ProtocolError("message-ids", f"{short(shown)} is not a message-id key (1..{MAX_KEY} bytes)")
+        if type(ms) is not int or not 0 <= ms <= MAX_MS:
+            raise ProtocolError("message-ids", f"{short(ms)} is not a time in milliseconds")
+        if not isinstance(durable, bool):
+            raise ProtocolError("message-ids", f"{short(durable)} is not true or false")
+        triples.append((bytes(key), ms, durable))
+    return triples
 
 
 def encode_control(body: dict[str, Any]) -> bytes:

@@ -13,6 +13,11 @@ count as a consumer, and on attach runs the catch-up handshake:
   reaches them (``backup & primary``), so a backup re-attaching after
   failover downloads only what it lacks.
 
+A deduplicating queue's remembered message-ids (``x-dedup-window``) go to
+the backup as ``u`` control deliveries (``codec.encode_message_ids``): all
+of them when the backup subscribes, then each new one after the batch that
+carried its message.
+
 A message's *delivery-count* (how often its delivery failed: a delivery
 limit counts on it) goes to the backup too, as a ``c`` control delivery
 (``codec.encode_counts``) after the batch that carried the message: when the
@@ -32,6 +37,7 @@ unaccepted (Qpid's ReplicatingSubscription readiness rule).
 from __future__ import annotations
 
 from bisect import bisect_left
+from itertools import islice
 from typing import Any, Callable, Sequence
 
 import structlog
@@ -46,9 +52,11 @@ from hastandby.broker.registry import Registry
 from .batching import BatchingLink
 from .guard import QueueGuard
 from hastandby.broker.idset import IdSet
-from .codec import COUNTS_TAG, DEQUEUE_TAG, encode_counts, encode_dequeues
+from .codec import COUNTS_TAG, DEQUEUE_TAG, MESSAGE_IDS_TAG, encode_counts, encode_dequeues, encode_message_ids
 
 log = structlog.get_logger("hastandby.replication")
+
+MESSAGE_IDS_PER_CONTROL = 4096
 
 
 class ReplicatingSubscription(BatchingLink):
@@ -87,6 +95,12 @@ class ReplicatingSubscription(BatchingLink):
         # Delivery-counts to send after the messages they are about (id -> count).  A queue with
         # counts is browsed message by message, so the browse sees each (``deliver``), skipped or not.
         self.pending_counts: dict[int, int] = {}
+        # Message-ids a deduplicating queue remembers (key -> (ms, durable)), sent as ``u`` controls after the
+        # batch being filled: all of them at subscribe time, then each new one.
+        self.pending_message_ids: dict[bytes, tuple[int, bool]] = {}
+        remembered = getattr(queue, "remembered_entries", None)
+        if remembered is not None:
+            self.pending_message_ids = {key: (ms, durable) for key, ms, durable in remembered()}
         # What catch-up cost, logged once ready: a restarted backup with a journal should send ~nothing.
         self.catchup = {"backup_held": len(backup_ids), "skipped": len(self.skip), "sent": 0}
         if guard is not None:
@@ -169,9 +183,18 @@ class ReplicatingSubscription(BatchingLink):
         """Send the delivery-counts and the dequeues collected so far, each as one pre-settled control
         delivery, after the batch being filled (the messages they are about go first)."""
         self._flush_timer = None
-        if self.closed or not (self.pending_dequeues or self.pending_counts):
+        if self.closed or not (self.pending_dequeues or self.pending_counts or self.pending_message_ids):
             return
         self.send_batch()  # messages browsed before the dequeues go before them
+        while self.pending_message_ids:  # a few thousand ids a delivery: a large set at subscribe time is many
+            if pn_link_credit(self._impl) <= 0:
+                return  # flow() sends them when the backup grants more
+            pending = self.pending_message_ids
+            keys = list(islice(pending, MESSAGE_IDS_PER_CONTROL))
+            entries = [(key, *pending.pop(key)) for key in keys]
+            self._control_seq += 1
+            send_settled(self._impl, MESSAGE_IDS_TAG + b"%d" % self._control_seq, encode_message_ids(entries))
+            self.count_credit()
         if self.pending_counts:
             if pn_link_credit(self._impl) <= 0:
                 return  # flow() sends them when the backup grants more
@@ -252,6 +275,12 @@ class ReplicatingSubscription(BatchingLink):
 
     def released(self, queue: Queue, msg_id: int) -> None:
         pass
+
+    def id_remembered(self, queue: Queue, key: bytes, ms: int, durable: bool) -> None:
+        """A deduplicating queue took a message-id: the backup remembers it too (after the message's batch)."""
+        self.pending_message_ids[key] = (ms, durable)
+        if self._flush_timer is None:
+            self._flush_timer = self.driver.schedule(0.0, self._flush_dequeues)
 
     def delivery_counted(self, queue: Queue, msg_id: int, count: int) -> None:
         """A delivery of ``msg_id`` failed: the backup hears its count now if the browse has passed it

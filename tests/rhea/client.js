@@ -12,7 +12,8 @@
 // name, --cert/--key present a client certificate.  Prints one JSON line
 // {"sent", "accepted", "received", "bodies", "error"} and exits 0, or 1 with
 // "error" set (the peer's condition and description), or 2 on a bad command
-// line.  --timeout (seconds) bounds the whole run.
+// line.  --timeout (seconds) bounds the whole run.  --message-ids yes gives each
+// message sent its body as message-id (duplicate detection).
 'use strict';
 
 const fs = require('fs');
@@ -22,7 +23,7 @@ function parse(argv) {
   const options = {
     url: 'amqp://127.0.0.1:5672', queue: 'rhea', send: 0, receive: 0, timeout: 20,
     user: process.env.HASTANDBY_USER, password: process.env.HASTANDBY_PASSWORD,
-    ca: undefined, cert: undefined, key: undefined, prefix: 'rhea-',
+    ca: undefined, cert: undefined, key: undefined, prefix: 'rhea-', 'message-ids': 'no',
   };
   for (let i = 0; i < argv.length; i += 2) {
     const name = argv[i].replace(/^--/, '');
@@ -110,7 +111,9 @@ function run(options) {
     let next = 0;
     const pump = () => {
       while (next < options.send && sender.sendable()) {
-        sender.send({ body: `${options.prefix}${next}` });
+        const message = { body: `${options.prefix}${next}` };
+        if (options['message-ids'] === 'yes') message.message_id = message.body; // --message-ids yes: id = body
+        sender.send(message);
         next += 1;
         result.sent += 1;
       }
