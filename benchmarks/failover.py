@@ -1,7 +1,8 @@
-"""Failover of a hot-standby cluster under load: kill -9, SIGSTOP and SIGTERM of the primary.
+"""Failover of a hot-standby cluster under load: kill -9, SIGSTOP, SIGTERM and a cut link of the primary.
 
     python -m benchmarks.failover [--rounds 20] [--faults kill,stop,term,kill9-broker] [--lease-ttl 2]
         [--nodes 3] [--rate 200] [--out DIR]
+    python -m benchmarks.failover --via virtual-ip --faults kill,cut,stop,urls:cut [--cut-for 6] ...
 
 Each round, on loopback with free ports: a fresh etcd (temporary data
 directory) and N ``hastandby serve --etcd`` nodes with a cluster name of
@@ -13,7 +14,15 @@ numbered message every 1/rate s, each client a process of its own).  After a ste
 fault: ``kill`` (SIGKILL), ``stop`` (SIGSTOP for 2 x TTL, then SIGCONT),
 ``term`` (SIGTERM, a graceful stop) or ``kill9-broker`` (the nodes run under
 ``serve --supervise``; SIGKILL of the primary's broker process only, so its
-supervisor revokes the lease at once and starts it again as a backup).  The round waits (bounded) for a new
+supervisor revokes the lease at once and starts it again as a backup).
+
+``--via urls`` or ``--via virtual-ip`` (needs root) runs the nodes as hosts
+of a LAN of network namespaces instead, under ``serve --supervise``, the
+clients on a host of their own given the node addresses or only the virtual
+IP the primary holds (``failover_lan.py``), and adds the fault ``cut`` (the
+primary's link down for ``--cut-for`` s); a fault written ``VIA:FAULT``
+(``urls:cut``) runs that way whatever ``--via`` says, so one run puts the
+virtual IP and the URL list side by side.  The round waits (bounded) for a new
 primary, for the producer's first acknowledgement from it and for every other
 surviving node to be a backup of it again, runs steady again, stops the
 producer, lets the consumer drain and stops every process by PID.
@@ -60,6 +69,7 @@ from tests.support.etcd import EtcdServer
 
 from . import _auth
 from ._proc import LOOPBACK, Service, free_port, python_env, wait_until
+from .failover_lan import NODE_PORT, VIA_LOOPBACK, VIA_VIRTUAL_IP, VIAS, Case, FailoverLan
 from .numbered_client import HEARTBEAT, RECONNECT_DELAY
 from .throughput import DEFAULT_OUT, REPO_ROOT, host_info
 
@@ -68,6 +78,7 @@ FAULT_ALIASES = {
     "stop": ts.FAULT_SIGSTOP, "sigstop": ts.FAULT_SIGSTOP,
     "term": ts.FAULT_SIGTERM, "sigterm": ts.FAULT_SIGTERM,
     "kill9-broker": ts.FAULT_KILL9_BROKER,
+    "cut": ts.FAULT_CUT,
 }
 SIGNALS = {ts.FAULT_KILL9: signal.SIGKILL, ts.FAULT_SIGSTOP: signal.SIGSTOP, ts.FAULT_SIGTERM: signal.SIGTERM,
            ts.FAULT_KILL9_BROKER: signal.SIGKILL}
@@ -76,6 +87,9 @@ PROBE_QUEUE = "failover-probe"  # the SIGSTOP fencing probe's queue
 PROBE_RATE = 50.0
 CLIENT_TICK = 0.005  # s between the producer's send-schedule checks (``numbered_client --tick``)
 HARNESS = "harness"
+VIRTUAL_IP_ANNOUNCED = "virtual_ip_announced"  # extra trace events: a node's log line -> the event
+VIRTUAL_IP_REMOVED = "virtual_ip_removed"
+VIRTUAL_IP_EVENTS = {"virtual IP announced": VIRTUAL_IP_ANNOUNCED, "virtual IP removed": VIRTUAL_IP_REMOVED}
 
 START_TIMEOUT = 60.0  # etcd up, nodes settled into one primary + backups
 FIRST_ACK_TIMEOUT = 15.0
@@ -90,11 +104,13 @@ GOALS = {
     ts.FAULT_SIGTERM: {"unavailability_p50_s": 0.5},
     ts.FAULT_SIGSTOP: {},
     ts.FAULT_KILL9_BROKER: {"unavailability_p50_s": 0.5, "unavailability_max_s": 1.0},  # issue 16
+    ts.FAULT_CUT: {"unavailability_max_s": 4.0},  # issue 24, through the virtual IP; a URL list is held to it too
 }
 GOAL_TTL = 2.0
 CAMPAIGN_WINDOW = 0.5  # s: how far before the watch's report a node's campaign decision may bound a deletion
 PORT_RETRIES = 2  # a round whose node lost its "free" port before the fault is started again
 MIN_LEASE_TTL = 2  # etcd raises shorter TTLs to about 1.5 x its election timeout (docs/lifecycle.md)
+CUT_FOR = 6.0  # s a cut link stays down: past the lease and past what a client's bounded connects take
 
 
 class ChildProcess:
@@ -104,7 +120,9 @@ class ChildProcess:
     ``keep`` every line is kept in ``lines``); ``send`` writes a command line.
     """
 
-    def __init__(self, name: str, module: str, argv: list[str], workdir: Path, keep: bool = False) -> None:
+    def __init__(self, name: str, module: str, argv: list[str], workdir: Path, keep: bool = False,
+                 prefix: list[str] | None = None) -> None:
+        """``prefix``: what runs the process elsewhere (``ip netns exec HOST``, a LAN round's clients)."""
         self.name = name
         self.out = workdir / f"{name}.json"
         self.log_path = workdir / f"{name}.log"
@@ -115,7 +133,7 @@ class ChildProcess:
         self.finished = False
         with open(self.log_path, "ab") as log:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", module, *argv], cwd=REPO_ROOT,
+                [*(prefix or []), sys.executable, "-m", module, *argv], cwd=REPO_ROOT,
                 env={**python_env(), **_auth.users().client_environment()},
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True,
             )
@@ -183,9 +201,11 @@ class ClientProcess(ChildProcess):
     the ones under ``name``.
     """
 
-    def __init__(self, name: str, command: str, urls: list[str], workdir: Path, *options: str) -> None:
+    def __init__(self, name: str, command: str, urls: list[str], workdir: Path, *options: str,
+                 prefix: list[str] | None = None) -> None:
         super().__init__(name, "benchmarks.numbered_client",
-                         ["--urls", ",".join(urls), "--out", str(workdir / f"{name}.json"), *options], workdir)
+                         ["--urls", ",".join(urls), "--out", str(workdir / f"{name}.json"), *options], workdir,
+                         prefix=prefix)
         self.send(command)
 
     def status_of(self, line: dict[str, Any]) -> dict[str, Any]:
@@ -280,10 +300,11 @@ class NodeProc:
     port: int
     service: Service
     poller: StatusPoller | None = None
+    host: str = LOOPBACK
 
     @property
     def address(self) -> str:
-        return f"{LOOPBACK}:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def url(self) -> str:
@@ -344,7 +365,7 @@ def read_node_log(path: Path) -> list[dict[str, Any]]:
 @dataclass
 class Settings:
     rounds: int
-    faults: list[str]
+    cases: list[Case]
     lease_ttl: int
     nodes: int
     rate: float
@@ -356,22 +377,38 @@ class Settings:
     reconnect_delay: float = RECONNECT_DELAY
     recovery_timeout: float = 30.0
     keep_logs: bool = False
+    cut_for: float = CUT_FOR
+
+
+def node_ids(settings: Settings) -> list[str]:
+    return [f"n{i}" for i in range(1, settings.nodes + 1)]
 
 
 class RoundRunner:
-    """Runs one round; ``run()`` always stops what it started and returns the round's summary."""
+    """Runs one round; ``run()`` always stops what it started and returns the round's summary.
 
-    def __init__(self, settings: Settings, run_id: str, fault: str, index: int, logs: Path) -> None:
+    ``lan``: the run's LAN of namespaces, for a case that runs there.
+    """
+
+    def __init__(self, settings: Settings, run_id: str, case: Case, index: int, logs: Path,
+                 lan: FailoverLan | None = None) -> None:
+        if case.on_lan and lan is None:
+            raise ValueError(f"{case.name} runs on a LAN of namespaces; none given")
         self.s = settings
         self.run_id = run_id
-        self.fault = fault
+        self.case = case
+        self.fault = case.fault
+        self.lan = lan if case.on_lan else None
         self.index = index
-        self.round_id = f"{run_id}-{fault}-r{index:03d}"
+        self.round_id = f"{run_id}-{case.name.replace('/', '-')}-r{index:03d}"
         self.cluster = self.round_id  # a cluster name of its own in every round
         self.logs = logs / self.round_id
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.node_ids = [f"n{i}" for i in range(1, settings.nodes + 1)]
-        self.etcd = EtcdServer(name="failover")
+        self.node_ids = node_ids(settings)
+        self.etcd = self.lan.etcd() if self.lan is not None else EtcdServer(name="failover")
+        self.fault_pids: list[int] = []  # what the fault acted on: the process(es) signalled
+        self.links_at_fault = 0  # the producer's links attached before the fault
+        self.virtual_ip_holders: list[str] | None = None  # hosts with the virtual IP once recovered
         self.watch: ChildProcess | None = None
         self.nodes: list[NodeProc] = []
         self.producer: ClientProcess | None = None
@@ -412,14 +449,17 @@ class RoundRunner:
                           20.0, WAIT_STEP) or not watch.running:
             raise RuntimeError(f"etcd watch did not start: {watch.log_tail()}")
         for node_id in self.node_ids:
-            port = free_port()
-            argv = [sys.executable, "-m", "hastandby", "serve", "--listen", f"{LOOPBACK}:{port}",
-                    "--etcd", url, "--cluster", self.cluster, "--node-id", node_id,
-                    "--lease-ttl", str(self.s.lease_ttl), "--log-format", "json", *_auth.users().serve_arguments()]
-            if self.fault == ts.FAULT_KILL9_BROKER:
-                argv.append("--supervise")
+            options = ["--etcd", url, "--cluster", self.cluster, "--node-id", node_id,
+                       "--lease-ttl", str(self.s.lease_ttl), "--log-format", "json", *_auth.users().serve_arguments(),
+                       *(["--supervise"] if self.case.supervised else [])]
+            if self.lan is not None:
+                port, host = NODE_PORT, self.lan.host(node_id)
+                argv = self.lan.serve_argv(node_id, options, self.case.via)
+            else:
+                port, host = free_port(), LOOPBACK
+                argv = [sys.executable, "-m", "hastandby", "serve", "--listen", f"{LOOPBACK}:{port}", *options]
             service = Service(node_id, argv, self.logs / f"{node_id}.log", cwd=REPO_ROOT, env=python_env())
-            self.nodes.append(NodeProc(node_id, port, service))
+            self.nodes.append(NodeProc(node_id, port, service, host=host))
         for node in self.nodes:
             node.poller = StatusPoller(node.node_id, node.address, _auth.users().login()).start()
 
@@ -429,7 +469,8 @@ class RoundRunner:
                     raise RuntimeError(f"{node.node_id} exited: {node.service.log_tail()}")
             primaries = [n for n in self.nodes if n.poller.state() == "primary"]
             return len(primaries) == 1 and all(
-                n.poller.follows(primaries[0].address) for n in self.nodes if n is not primaries[0])
+                n.poller.follows(primaries[0].address) for n in self.nodes if n is not primaries[0]) and (
+                self.case.via != VIA_VIRTUAL_IP or self.lan.holders() == [primaries[0].node_id])
 
         if not wait_until(settled, START_TIMEOUT, WAIT_STEP):
             raise RuntimeError(f"cluster did not settle: {self._states()}")
@@ -447,16 +488,18 @@ class RoundRunner:
         return ", ".join(f"{n.node_id}={n.poller.latest if n.poller else None}" for n in self.nodes)
 
     def _load(self) -> None:
-        urls = [n.url for n in self.nodes]
+        urls = self.lan.client_urls(self.case.via) if self.lan is not None else [n.url for n in self.nodes]
+        prefix = self.lan.client_command() if self.lan is not None else None
         common = ["--queue", QUEUE, "--heartbeat", str(self.s.heartbeat), "--reconnect-delay",
                   str(self.s.reconnect_delay), "--tick", str(CLIENT_TICK)]
-        self.consumer = ClientProcess(ts.CONSUMER, f"consumer {ts.CONSUMER} 0", urls, self.logs, *common)
+        self.consumer = ClientProcess(ts.CONSUMER, f"consumer {ts.CONSUMER} 0", urls, self.logs, *common,
+                                      prefix=prefix)
         self.producer = ClientProcess(ts.PRODUCER, f"producer {ts.PRODUCER} {self.s.rate:g}", urls, self.logs,
-                                      *common)
-        if self.fault == ts.FAULT_SIGSTOP:  # one connection, no reconnect, no idle timeout
+                                      *common, prefix=prefix)
+        if self.fault == ts.FAULT_SIGSTOP:  # one connection to the node itself, no reconnect, no idle timeout
             self.probe = ClientProcess("probe", f"pinned probe {self.primary.url} {PROBE_RATE:g}",
                                        [self.primary.url], self.logs, "--queue", PROBE_QUEUE, "--tick",
-                                       str(CLIENT_TICK))
+                                       str(CLIENT_TICK), prefix=prefix)
         for client in filter(None, (self.producer, self.probe)):
             if not wait_until(lambda: client.status.get("first_ack_t") is not None or not client.running,
                               FIRST_ACK_TIMEOUT, WAIT_STEP) or client.status.get("first_ack_t") is None:
@@ -468,27 +511,52 @@ class RoundRunner:
             raise RuntimeError(f"the primary changed before the fault: {self._states()}")
 
     def _inject(self) -> None:
-        target = self.primary.service.pid
-        if self.fault == ts.FAULT_KILL9_BROKER:  # the broker under the supervisor, not the supervisor
-            target = _only_child(target)
-        os.kill(target, SIGNALS[self.fault])
+        """The fault on the primary.  Under a supervisor, kill -9 takes supervisor and node (a host crash: the
+        supervisor first, so that it sees nothing), SIGTERM goes to the supervisor (it passes it on), and
+        SIGKILL of the broker or SIGSTOP to the node under it."""
+        self.links_at_fault = int(self.producer.status.get("links") or 0)
+        if self.fault == ts.FAULT_CUT:
+            self.lan.set_link(self.primary.node_id, False)
+        else:
+            supervisor = self.primary.service.pid
+            node = _only_child(supervisor) if self.case.supervised else supervisor
+            if self.fault == ts.FAULT_KILL9:
+                self.fault_pids = list(dict.fromkeys((supervisor, node)))
+            else:
+                self.fault_pids = [supervisor if self.fault == ts.FAULT_SIGTERM else node]
+            for pid in self.fault_pids:
+                os.kill(pid, SIGNALS[self.fault])
         self.t_fault = time.time()
         if self.fault == ts.FAULT_SIGSTOP:  # frozen for 2 x TTL (etcd grants at least MIN_LEASE_TTL)
             self.resume_due = time.monotonic() + 2 * max(self.s.lease_ttl, MIN_LEASE_TTL)
+        elif self.fault == ts.FAULT_CUT:
+            self.resume_due = time.monotonic() + self.s.cut_for
 
     def _tick(self) -> None:
-        """Runs in every wait after the fault: SIGCONT the stopped primary when due."""
+        """Runs in every wait after the fault: undo a freeze or a cut when due."""
         if self.resume_due is not None and self.t_resume is None and time.monotonic() >= self.resume_due:
-            os.kill(self.primary.service.pid, signal.SIGCONT)
-            self.t_resume = time.time()
+            self._undo_fault()
+
+    def _undo_fault(self) -> None:
+        """SIGCONT the frozen node, or plug the cut one back in."""
+        if self.fault == ts.FAULT_CUT:
+            self.lan.set_link(self.primary.node_id, True)
+        else:
+            os.kill(self.fault_pids[0], signal.SIGCONT)
+        self.t_resume = time.time()
 
     def _new_primary(self) -> NodeProc | None:
         return next((n for n in self.nodes if n is not self.primary and n.poller.state() == "primary"), None)
 
     def _acked_by_new(self) -> bool:
-        """The producer's latest acknowledgement came after the fault from another node than the faulted one."""
+        """The producer's latest acknowledgement came after the fault from another node than the faulted one
+        (through the virtual IP, whose URL names no node: on a link attached since the fault)."""
         last = self.producer.status.get("last_ack")
-        return bool(last) and last[0] >= self.t_fault and last[1] != self.primary.url
+        if not last or last[0] < self.t_fault:
+            return False
+        if self.case.via == VIA_VIRTUAL_IP:
+            return int(self.producer.status.get("links") or 0) > self.links_at_fault
+        return last[1] != self.primary.url
 
     def _recover(self) -> None:
         def recovered() -> bool:
@@ -499,7 +567,7 @@ class RoundRunner:
             others = [n for n in self.nodes if n is not self.primary and n is not new]
             if not all(n.poller.follows(new.address) for n in others):
                 return False
-            if self.fault == ts.FAULT_SIGSTOP:  # the resumed old primary must rejoin as a backup
+            if self.resume_due is not None:  # the resumed (or reconnected) old primary must rejoin as a backup
                 return self.t_resume is not None and self.primary.poller.follows(new.address)
             return True
 
@@ -508,6 +576,8 @@ class RoundRunner:
             raise RuntimeError(f"no recovery within {self.s.recovery_timeout:g} s: new primary "
                                f"{self.new_primary and self.new_primary.node_id}, producer acked by it: "
                                f"{self._acked_by_new()}, states {self._states()}")
+        if self.case.via == VIA_VIRTUAL_IP:
+            self.virtual_ip_holders = self.lan.holders()
         wait_until(lambda: False, self.s.steady_after, WAIT_STEP, self._tick)
 
     def _finish_load(self) -> None:
@@ -534,6 +604,11 @@ class RoundRunner:
         consumer.finish()
 
     def _teardown(self) -> None:
+        if self.resume_due is not None and self.t_resume is None:  # the round ended during a freeze or a cut
+            try:
+                self._undo_fault()
+            except (OSError, subprocess.SubprocessError) as error:
+                self.notes.append(f"could not undo the {self.fault}: {error}")
         for child in (self.producer, self.consumer, self.probe):
             if child is not None:
                 child.finish(timeout=5)
@@ -550,12 +625,27 @@ class RoundRunner:
         if log is not None and log.exists():  # its directory goes when it stops
             shutil.copyfile(log, self.logs / "etcd.log")
         self.etcd.stop()
+        if self.lan is not None:
+            self.lan.reset()
 
     # -- the trace ---------------------------------------------------------------------------
 
-    def _node_of(self, url: str) -> str:
-        port = int(url.rsplit(":", 1)[1].split("/")[0])
-        return next((n.node_id for n in self.nodes if n.port == port), url)
+    def _to_faulted(self, link: dict[str, Any]) -> bool:
+        """Whether a client's link went to the faulted node: by its URL, or, through the virtual IP (one URL
+        for every node), by its time: attached before the fault.  (A link attached after it is taken to be the
+        new primary's: the old one is dead, frozen, cut off or a backup by then, and a resumed one is fenced.)"""
+        if self.case.via == VIA_VIRTUAL_IP:
+            return self.t_fault is None or link["t"] < self.t_fault
+        return link["url"] == self.primary.url
+
+    def _node_of(self, link: dict[str, Any]) -> str:
+        """The node a client's link went to (see ``_to_faulted`` for the virtual IP)."""
+        if self.case.via == VIA_VIRTUAL_IP:
+            faulted = self.primary is not None and self._to_faulted(link)
+            node = self.primary if faulted else self.new_primary
+            return node.node_id if node is not None else link["url"]
+        address = link["url"].split("://", 1)[-1].split("/", 1)[0]
+        return next((n.node_id for n in self.nodes if n.address == address), link["url"])
 
     def _line(self, t: float, event: str, src: str = HARNESS, **fields: Any) -> dict[str, Any]:
         return {ts.ROUND: self.round_id, ts.T: round(t, 6), ts.EVENT: event, ts.SRC: src, **fields}
@@ -573,6 +663,8 @@ class RoundRunner:
             ts.NODES: self.s.nodes, ts.NODE_IDS: self.node_ids, ts.LOAD_MSG_S: float(self.s.rate),
             "lease_ttl_requested_s": float(self.s.lease_ttl), "client_heartbeat_s": self.s.heartbeat,
             "reconnect_delay_s": self.s.reconnect_delay, "queue": QUEUE, "cluster": self.cluster,
+            "via": self.case.via, **({"virtual_ip": self.lan.virtual_ip} if self.case.via == VIA_VIRTUAL_IP else {}),
+            **({"cut_for_s": self.s.cut_for} if self.fault == ts.FAULT_CUT else {}),
         })
         if primary:
             start[ts.PRIMARY] = primary
@@ -643,16 +735,20 @@ class RoundRunner:
                 elif name == "backup ready" and line.get("backup"):
                     lines.append(self._line(t, ts.BACKUP_CAUGHT_UP, node_id, **{ts.NODE: str(line["backup"])},
                                             to=node_id, observed=f"{node_id} log: backup ready"))
+                elif name in VIRTUAL_IP_EVENTS:
+                    lines.append(self._line(t, VIRTUAL_IP_EVENTS[name], node_id, **{ts.NODE: node_id},
+                                            observed=f"{node_id} log: {name}"))
                 if line.get("level") in ("error", "critical") or name in ("illegal transition", "replication halted"):
                     details = {k: v for k, v in line.items() if k not in ("event", "timestamp", "_t", "level")}
                     node_problems.append(f"{node_id} {line['timestamp']}: {name} {json.dumps(details)}")
 
         if self.t_fault is not None:
-            lines.append(self._line(self.t_fault, ts.FAULT_INJECTED,
-                                    **{ts.NODE: primary, ts.PID: self.primary.service.pid},
-                                    signal=SIGNALS[self.fault].name))
+            how = ({"link": "down"} if self.fault == ts.FAULT_CUT else
+                   {ts.PID: self.fault_pids[0], "pids": self.fault_pids, "signal": SIGNALS[self.fault].name})
+            lines.append(self._line(self.t_fault, ts.FAULT_INJECTED, **{ts.NODE: primary}, **how))
         if self.t_resume is not None:
-            lines.append(self._line(self.t_resume, "fault_resumed", **{ts.NODE: primary}, signal="SIGCONT"))
+            how = {"link": "up"} if self.fault == ts.FAULT_CUT else {"signal": "SIGCONT"}
+            lines.append(self._line(self.t_resume, "fault_resumed", **{ts.NODE: primary}, **how))
 
         producer = self.producer.record if self.producer else None
         consumer = self.consumer.record if self.consumer else None
@@ -661,16 +757,16 @@ class RoundRunner:
                 continue
             for link in record["links"][1:]:
                 lines.append(self._line(link["t"], ts.CLIENT_RECONNECTED, record["role"], **{
-                    ts.CLIENT: record["role"], ts.NODE: self._node_of(link["url"])}, link=link["no"]))
+                    ts.CLIENT: record["role"], ts.NODE: self._node_of(link)}, link=link["no"]))
         first_after: list[Any] | None = None
         if producer is not None and self.t_fault is not None:
             links = producer["links"]
             first_after = next((ack for ack in producer["acks"]
-                                if ack[0] >= self.t_fault and links[ack[2]]["url"] != self.primary.url), None)
+                                if ack[0] >= self.t_fault and not self._to_faulted(links[ack[2]])), None)
             if first_after is not None:
                 t, number, no = first_after
                 lines.append(self._line(t, ts.FIRST_ACCEPTED_AFTER_FAULT, ts.PRODUCER, **{
-                    ts.CLIENT: ts.PRODUCER, ts.NODE: self._node_of(links[no]["url"])}, number=number,
+                    ts.CLIENT: ts.PRODUCER, ts.NODE: self._node_of(links[no])}, number=number,
                     observed="harness, from the producer's acknowledgements"))
             lines.extend(self._ack_lines(producer))
 
@@ -732,8 +828,8 @@ class RoundRunner:
         }
         fencing: dict[str, Any] = {}
         if self.t_fault is not None and self.primary is not None:
-            faulted, links = self.primary.url, producer["links"]
-            from_faulted = [t for t, _, no in producer["acks"] if t >= self.t_fault and links[no]["url"] == faulted]
+            links = producer["links"]
+            from_faulted = [t for t, _, no in producer["acks"] if t >= self.t_fault and self._to_faulted(links[no])]
             fencing["acks_from_faulted_after_fault"] = len(from_faulted)
             if from_faulted:
                 fencing["last_ack_from_faulted_after_fault_s"] = round(max(from_faulted) - self.t_fault, 6)
@@ -741,7 +837,7 @@ class RoundRunner:
                 after = [t for t in from_faulted if self.t_resume is not None and t >= self.t_resume]
                 fencing["acks_from_resumed_old_primary"] = len(after) if self.t_resume is not None else None
                 fencing["producer_links_to_old_primary_after_fault"] = sum(
-                    1 for link in links if link["t"] >= self.t_fault and link["url"] == faulted)
+                    1 for link in links if link["t"] >= self.t_fault and self._to_faulted(link))
                 probe = self.probe.record if self.probe else None
                 if probe is not None:  # pinned to the old primary, still connected when it resumed
                     acks = [t for t, _, _ in probe["acks"]]
@@ -789,6 +885,15 @@ class RoundRunner:
             "backup_caught_up": rel(first(ts.BACKUP_CAUGHT_UP)),
             "resumed": None if self.t_resume is None or t_fault is None else round(self.t_resume - t_fault, 6),
         }
+        misplaced = None
+        if self.case.via == VIA_VIRTUAL_IP:
+            new_id = self.new_primary.node_id if self.new_primary else None
+            old_id = self.primary.node_id if self.primary else None
+            milestones["virtual_ip_announced"] = rel(first(VIRTUAL_IP_ANNOUNCED, node=new_id))
+            milestones["virtual_ip_released_by_faulted"] = rel(first(VIRTUAL_IP_REMOVED, node=old_id))
+            misplaced = self._virtual_ip_misplaced()
+            if misplaced:
+                self.notes.append(misplaced)
         backups = {}
         for node in self.nodes:
             if node is self.new_primary:
@@ -819,12 +924,14 @@ class RoundRunner:
             if before and after:
                 sequence = [before[-1]] + after
                 gap = round(max(b - a for a, b in zip(sequence, sequence[1:])), 6)
-        ok = error is None and tally is not None and tally[ts.LOST_ACKNOWLEDGED] == 0 and not (
+        ok = error is None and tally is not None and tally[ts.LOST_ACKNOWLEDGED] == 0 and not misplaced and not (
             self.fault == ts.FAULT_SIGSTOP and (fencing.get("acks_from_resumed_old_primary")
                                                 or fencing.get("probe_acks_after_resume")))
         return {
             "round": self.round_id,
             "fault": self.fault,
+            "via": self.case.via,
+            "case": self.case.name,
             "index": self.index,
             "ok": ok,
             "faulted": self.t_fault is not None,
@@ -841,9 +948,24 @@ class RoundRunner:
             "fencing": fencing,
             "node_problems": node_problems[:20],
             "client_errors": [e for c in (self.producer, self.consumer) if c and c.record for e in c.record["errors"]][:5],
+            "virtual_ip_holders": self.virtual_ip_holders,
+            "virtual_ip_misplaced": misplaced,
             "trace": str(wrote) if wrote else None,
             "logs": str(self.logs),
         }
+
+    def _virtual_ip_misplaced(self) -> str | None:
+        """What is wrong with where the virtual IP was once the round recovered, if anything: it must be on the
+        new primary only, and on the faulted host too after kill -9 of supervisor and node (nothing there can
+        remove it: docs/lifecycle.md section 14)."""
+        if self.virtual_ip_holders is None or self.new_primary is None:
+            return None
+        expected = {self.new_primary.node_id}
+        if self.fault == ts.FAULT_KILL9:
+            expected.add(self.primary.node_id)
+        if set(self.virtual_ip_holders) == expected:
+            return None
+        return f"virtual IP on {self.virtual_ip_holders or 'no host'} once recovered, expected on {sorted(expected)}"
 
 
 # -- reporting -----------------------------------------------------------------------------------
@@ -854,7 +976,7 @@ def _fmt(value: float | None, unit: str = "", digits: int = 2) -> str:
 
 
 def progress(result: dict[str, Any], total: int) -> None:
-    head = f"{result['fault']:<8} round {result['index']:>2}/{total}"
+    head = f"{result['case']:<8} round {result['index']:>2}/{total}"
     if result["error"] and result["unavailability_s"] is None:
         print(f"{head}  *** FAILED *** {result['error']}", flush=True)
         return
@@ -866,6 +988,12 @@ def progress(result: dict[str, Any], total: int) -> None:
         extra = (f"  acks by the resumed old primary: producer {fencing.get('acks_from_resumed_old_primary')},"
                  f" probe {fencing.get('probe_acks_after_resume')}"
                  f" (probe connected at resume: {fencing.get('probe_connected_at_resume')})")
+    milestones = result["milestones_s"]
+    if result["via"] == VIA_VIRTUAL_IP:
+        extra += (f"  virtual IP announced by the new primary {_fmt(milestones['virtual_ip_announced'], ' s')},"
+                  f" removed by the old one {_fmt(milestones['virtual_ip_released_by_faulted'], ' s')}")
+    if milestones["resumed"] is not None:
+        extra += f"  {'reconnected' if result['fault'] == ts.FAULT_CUT else 'resumed'} {milestones['resumed']:.2f} s"
     print(f"{head}  {result['primary']}->{result['new_primary']}  unavailable {_fmt(result['unavailability_s'], ' s')}"
           f" (detect {_fmt(p['detection'])} elect {_fmt(p['election'], digits=3)} promote {_fmt(p['promotion'], digits=3)}"
           f" reconnect {_fmt(p['reconnect'])} first-send {_fmt(p['first_send'])}; backup reattach {_fmt(p['reattach'])})"
@@ -878,13 +1006,21 @@ def progress(result: dict[str, Any], total: int) -> None:
         print(f"    note: {note}", flush=True)
 
 
+def _p50(values: list[float | None]) -> float | None:
+    return nearest_rank([v for v in values if v is not None], 50)
+
+
 def summarize(results: list[dict[str, Any]], settings: Settings) -> dict[str, Any]:
+    """One row per case (``Case.name``: the fault alone on loopback)."""
     summary: dict[str, Any] = {}
-    for fault in settings.faults:
-        mine = [r for r in results if r["fault"] == fault]
+    for case in settings.cases:
+        fault = case.fault
+        mine = [r for r in results if r["case"] == case.name]
         unavail = [r["unavailability_s"] for r in mine if r["unavailability_s"] is not None]
         tallies = [r["tally"] for r in mine if r["tally"]]
         row: dict[str, Any] = {
+            "fault": fault,
+            "via": case.via,
             "rounds": len(mine),
             "failed": sum(1 for r in mine if r["error"]),
             "failed_before_fault": sum(1 for r in mine if not r.get("faulted", r.get("trace") is not None)),
@@ -912,8 +1048,17 @@ def summarize(results: list[dict[str, Any]], settings: Settings) -> dict[str, An
             row["acks_from_resumed_old_primary"] = sum((r["fencing"].get("acks_from_resumed_old_primary") or 0)
                                                        + (r["fencing"].get("probe_acks_after_resume") or 0)
                                                        for r in mine)
+        if fault in (ts.FAULT_SIGSTOP, ts.FAULT_CUT):  # the undo let the clients through, not the failover
+            row["recovered_after_undo"] = sum(1 for r in mine if r["unavailability_s"] is not None
+                                              and r["milestones_s"]["resumed"] is not None
+                                              and r["unavailability_s"] >= r["milestones_s"]["resumed"])
+        if case.via == VIA_VIRTUAL_IP:
+            row["virtual_ip_announced_s_p50"] = _p50([r["milestones_s"]["virtual_ip_announced"] for r in mine])
+            row["virtual_ip_released_by_faulted_s_p50"] = _p50([r["milestones_s"]["virtual_ip_released_by_faulted"]
+                                                                for r in mine])
+            row["virtual_ip_misplaced_rounds"] = sum(1 for r in mine if r["virtual_ip_misplaced"])
         row["goals"] = _goals(fault, row, settings)
-        summary[fault] = row
+        summary[case.name] = row
     return summary
 
 
@@ -942,14 +1087,15 @@ def _goals(fault: str, row: dict[str, Any], settings: Settings) -> dict[str, Any
 def print_summary(summary: dict[str, Any], settings: Settings) -> None:
     print(f"\nfailover summary: {settings.nodes} nodes, lease TTL {settings.lease_ttl} s, {settings.rate:g} msg/s; "
           "unavailability = fault -> first accepted send on the new primary (nearest-rank percentiles)")
-    header = (f"{'fault':<8}{'faulted':>8}{'recov':>6}{'unavail p50':>12}{'p90':>7}{'max':>7}"
+    width = max([8, *(len(name) + 1 for name in summary)])
+    header = (f"{'case':<{width}}{'faulted':>8}{'recov':>6}{'unavail p50':>12}{'p90':>7}{'max':>7}"
               f"{'ack gap p50':>12}{'lost acked':>11}{'dup total':>10}{'dup p50':>8}{'bk p50':>9}{'bk max':>7}  phases p50 s (detect/elect/promote/reconnect/first-send)")
     print("(bk: fault -> every surviving backup caught up with the new primary, s)")
     print(header)
     for fault, row in summary.items():
         u = row["unavailability_s"]
         p50 = row["phases_s_p50"]
-        print(f"{fault:<8}{row['faulted']:>8}{row['recovered']:>6}{_fmt(u['p50'], ' s'):>12}{_fmt(u['p90']):>7}"
+        print(f"{fault:<{width}}{row['faulted']:>8}{row['recovered']:>6}{_fmt(u['p50'], ' s'):>12}{_fmt(u['p90']):>7}"
               f"{_fmt(u['max']):>7}{_fmt(row['largest_ack_gap_s_p50'], ' s'):>12}{row['lost_acknowledged']:>11}"
               f"{row['duplicated_total']:>10}{_fmt(row['duplicated_p50'], digits=0):>8}"
               f"{_fmt(row['surviving_backups_ready_s']['p50']):>9}{_fmt(row['surviving_backups_ready_s']['max']):>7}  "
@@ -970,31 +1116,44 @@ def print_summary(summary: dict[str, Any], settings: Settings) -> None:
                 by = f" (by {measured - goal['goal']:.3g})"
             elif not goal["met"] and name == "unavailability_max_s":
                 by = f" ({row['faulted'] - row['recovered']} faulted rounds did not recover)"
-            print(f"  {fault:<8} {name:<32} goal {goal['goal']:<5} measured {measured}{by}  {verdict}"
+            print(f"  {fault:<{width}} {name:<32} goal {goal['goal']:<5} measured {measured}{by}  {verdict}"
                   + (f"  [{goal['note']}]" if goal.get("note") else ""))
 
 
 # -- main ----------------------------------------------------------------------------------------
 
 
-def parse_faults(text: str) -> list[str]:
-    faults = []
-    for name in (part.strip().lower() for part in text.split(",") if part.strip()):
+def parse_cases(text: str, via: str) -> list[Case]:
+    """``kill,stop,urls:cut`` -> the cases: each fault through ``via``, or through the way written before it."""
+    cases: list[Case] = []
+    for entry in (part.strip().lower() for part in text.split(",") if part.strip()):
+        where, _, name = entry.rpartition(":")
+        if (where or via) not in VIAS:
+            raise ValueError(f"unknown way {where!r} in {entry!r}: use {', '.join(VIAS)}")
         if name not in FAULT_ALIASES:
-            raise argparse.ArgumentTypeError(f"unknown fault {name!r}: use kill, stop, term, kill9-broker")
-        if FAULT_ALIASES[name] not in faults:
-            faults.append(FAULT_ALIASES[name])
-    if not faults:
-        raise argparse.ArgumentTypeError("no fault given")
-    return faults
+            raise ValueError(f"unknown fault {name!r}: use kill, stop, term, kill9-broker, cut")
+        case = Case(FAULT_ALIASES[name], where or via)
+        if case.fault == ts.FAULT_CUT and not case.on_lan:
+            raise ValueError("cut needs the LAN of namespaces: --via urls or virtual-ip, or write urls:cut")
+        if case not in cases:
+            cases.append(case)
+    if not cases:
+        raise ValueError("no fault given")
+    return cases
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.failover", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=20, help="rounds per fault type")
-    parser.add_argument("--faults", type=parse_faults, default=parse_faults("kill,stop,term"),
+    parser.add_argument("--faults", default="kill,stop,term",
                         help="comma-separated: kill (SIGKILL), stop (SIGSTOP 2 x TTL), term (SIGTERM), "
-                             "kill9-broker (SIGKILL of the broker under serve --supervise)")
+                             "kill9-broker (SIGKILL of the broker under serve --supervise), cut (on a LAN: the "
+                             "primary's link down for --cut-for s); VIA:FAULT runs one fault another way (urls:cut)")
+    parser.add_argument("--via", choices=VIAS, default=VIA_LOOPBACK,
+                        help="how the clients reach the nodes: loopback (every node's URL, 127.0.0.1), urls (nodes "
+                             "on a LAN of network namespaces, every node's address), virtual-ip (on the LAN, only "
+                             "the virtual IP the primary holds); the LAN needs root")
+    parser.add_argument("--cut-for", type=float, default=CUT_FOR, help="seconds a cut link stays down")
     parser.add_argument("--lease-ttl", type=int, default=2, help="etcd lease TTL of the nodes, seconds")
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--rate", type=float, default=200.0, help="producer messages per second")
@@ -1008,41 +1167,50 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-logs", action="store_true",
                         help="keep every round's node logs (default: only rounds with a problem)")
     args = parser.parse_args(argv)
+    try:
+        cases = parse_cases(args.faults, args.via)
+    except ValueError as error:
+        parser.error(f"--faults: {error}")
     if args.nodes < 2:
         parser.error("--nodes must be at least 2 (a primary and a backup)")
-    if args.rounds < 1 or args.rate <= 0:
-        parser.error("--rounds and --rate must be positive")
+    if args.rounds < 1 or args.rate <= 0 or args.cut_for <= 0:
+        parser.error("--rounds, --rate and --cut-for must be positive")
+    if any(case.on_lan for case in cases) and os.geteuid() != 0:
+        parser.error("the LAN of network namespaces (--via urls, virtual-ip) needs root")
     started = datetime.now(UTC)
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
     settings = Settings(
-        rounds=args.rounds, faults=args.faults, lease_ttl=args.lease_ttl, nodes=args.nodes, rate=args.rate,
+        rounds=args.rounds, cases=cases, lease_ttl=args.lease_ttl, nodes=args.nodes, rate=args.rate,
         out=args.out or DEFAULT_OUT / f"failover-traces-{stamp}", results=args.results, steady=args.steady,
         steady_after=args.steady_after, heartbeat=args.client_heartbeat, recovery_timeout=args.recovery_timeout,
-        keep_logs=args.keep_logs,
+        keep_logs=args.keep_logs, cut_for=args.cut_for,
     )
     run_id = f"failover-{stamp}"
     command = shlex.join([sys.executable, "-m", "benchmarks.failover", *(sys.argv[1:] if argv is None else argv)])
     host_at_start, code_at_start = host_info(), _worktree()  # the nodes run whatever is checked out
     logs = Path(tempfile.mkdtemp(prefix="failover-logs-"))
-    print(f"failover: {settings.rounds} rounds x {', '.join(settings.faults)}; {settings.nodes} nodes, lease TTL "
+    print(f"failover: {settings.rounds} rounds x {', '.join(c.name for c in cases)}; {settings.nodes} nodes, lease TTL "
           f"{settings.lease_ttl} s, {settings.rate:g} msg/s; traces in {settings.out}; node logs in {logs}", flush=True)
     results: list[dict[str, Any]] = []
     interrupted = False
     main_thread = threading.current_thread() is threading.main_thread()
     # SIGTERM (e.g. from `timeout`) as Ctrl-C: the round's processes are stopped before exiting.
     previous_term = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
+    lan: FailoverLan | None = None
     try:
+        if any(case.on_lan for case in cases):
+            lan = FailoverLan(node_ids(settings))
         for index in range(1, settings.rounds + 1):
-            for fault in settings.faults:  # alternate the faults, so machine noise hits all alike
+            for case in cases:  # alternate the cases, so machine noise hits all alike
                 retried: list[str] = []
                 for attempt in range(1, PORT_RETRIES + 2):
-                    result = RoundRunner(settings, run_id, fault, index, logs).run()
+                    result = RoundRunner(settings, run_id, case, index, logs, lan).run()
                     result["notes"] = retried + result["notes"]
                     # free_port() races with other processes: a node that lost its port before the
                     # fault is a harness problem, not a failover result; run the round again.
                     if result["faulted"] or "Address already in use" not in (result["error"] or ""):
                         break
-                    print(f"{fault:<8} round {index:>2}: a node lost its port to another process; "
+                    print(f"{case.name:<8} round {index:>2}: a node lost its port to another process; "
                           f"starting the round again", flush=True)
                     shutil.rmtree(logs / result["round"], ignore_errors=True)
                     retried.append(f"attempt {attempt} failed before the fault: {result['error'][:200]}")
@@ -1053,6 +1221,8 @@ def main(argv: list[str] | None = None) -> int:
         interrupted = True
         print("\ninterrupted: every process of the round was stopped; summarising the finished rounds", flush=True)
     finally:
+        if lan is not None:
+            lan.close()
         if main_thread:
             signal.signal(signal.SIGTERM, previous_term)
     summary = summarize(results, settings)
@@ -1065,7 +1235,9 @@ def main(argv: list[str] | None = None) -> int:
         "interrupted": interrupted,
         "host": host_at_start,
         "node_code": code_at_start,
-        "settings": {"rounds": settings.rounds, "faults": settings.faults, "lease_ttl_s": settings.lease_ttl,
+        "settings": {"rounds": settings.rounds, "faults": list(dict.fromkeys(c.fault for c in cases)),
+                     "cases": [{"name": c.name, "fault": c.fault, "via": c.via} for c in cases],
+                     "cut_for_s": settings.cut_for, "lease_ttl_s": settings.lease_ttl,
                      "nodes": settings.nodes, "rate_msg_s": settings.rate, "steady_s": settings.steady,
                      "steady_after_s": settings.steady_after, "client_heartbeat_s": settings.heartbeat,
                      "reconnect_delay_s": settings.reconnect_delay, "recovery_timeout_s": settings.recovery_timeout},

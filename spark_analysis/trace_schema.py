@@ -105,6 +105,8 @@ FAULT_SIGTERM = "sigterm"
 FAULTS = (FAULT_KILL9, FAULT_SIGSTOP, FAULT_SIGTERM)
 FAULT_KILL9_BROKER = "kill9-broker"
 """A failover-benchmark ``fault``: kill -9 of the broker process only, under ``serve --supervise``."""
+FAULT_CUT = "cut"
+"""A failover-benchmark ``fault`` on a LAN of network namespaces: the primary's link cut for a while."""
 FAULT_KILL9_ALL = "kill9-all"
 """A nemesis op (not a failover-benchmark ``fault``): kill -9 of every node at once."""
 
@@ -114,7 +116,7 @@ CONSUMER = "consumer"
 # --- Nemesis traces (benchmarks/nemesis; docs/failover-traces.md, "Nemesis traces") --------
 FAULT_NEMESIS = "nemesis"
 """``round_start``'s ``fault`` of a nemesis round (one schedule of overlapping faults)."""
-ROUND_FAULTS = FAULTS + (FAULT_KILL9_BROKER, FAULT_NEMESIS)
+ROUND_FAULTS = FAULTS + (FAULT_KILL9_BROKER, FAULT_CUT, FAULT_NEMESIS)
 """Every ``fault`` a ``round_start`` may name."""
 # round_start of a nemesis round (all optional)
 SCHEDULE = "schedule"  # string: the schedule's name ("seed-4711", "frozen-primary-rejoins")

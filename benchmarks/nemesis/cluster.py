@@ -36,6 +36,7 @@ from ..throughput import REPO_ROOT
 from .network import Host, Network
 
 NODE_PORT = 5672  # every node has a namespace, hence an address, of its own
+VIRTUAL_IP_HOST = 100  # a virtual IP is 10.78.N.100 (hosts are .10 and up)
 LEASE_TTL = 2
 QUEUE = "nemesis"
 START_TIMEOUT = 40.0  # etcd up, one primary, every other node its backup
@@ -56,15 +57,11 @@ class NamespacedEtcd(EtcdServer):
     """``tests.support.etcd.EtcdServer`` run inside a namespace, listening on its bridge address."""
 
     def __init__(self, host: Host) -> None:
-        super().__init__()
-        self.host = host
-
-    @property
-    def client_url(self) -> str:
-        return f"http://{self.host.address}:{self._client_port}"
+        super().__init__(host=host.address)  # its URLs, client and peer, on the bridge address
+        self.namespace = host
 
     def _command(self) -> list[str]:
-        return self.host.command(*super()._command())
+        return self.namespace.command(*super()._command())
 
 
 @dataclass
@@ -131,8 +128,14 @@ class Node:
 class Cluster:
     """etcd and the nodes of one schedule, on a network of their own; ``stop()`` always runs."""
 
-    def __init__(self, network: Network, node_ids: list[str], workdir: Path, cluster_name: str) -> None:
+    def __init__(self, network: Network, node_ids: list[str], workdir: Path, cluster_name: str,
+                 serve_options: tuple[str, ...] = (), virtual_ip: bool = False) -> None:
+        """``serve_options``: more ``hastandby serve`` arguments for every node (e.g. ``--heartbeat 1``);
+        ``virtual_ip``: the primary holds an address of the network no host has (``serve --virtual-ip``), for
+        clients that know only it."""
         self.network = network
+        self.serve_options = serve_options
+        self.virtual_ip = network.address(VIRTUAL_IP_HOST) if virtual_ip else None
         self.workdir = workdir
         self.cluster_name = cluster_name
         self.etcd = NamespacedEtcd(network["etcd"])
@@ -159,12 +162,16 @@ class Cluster:
         etcd_url = self.etcd.start()
         for node_id in self._node_ids:
             host = self.network[node_id]
+            address = f"{host.address}:{NODE_PORT}"
+            listen = ["--listen", address]
+            if self.virtual_ip is not None:  # every address: the virtual IP's too, while it holds it
+                listen = ["--listen", f"0.0.0.0:{NODE_PORT}", "--public-url", address,
+                          "--virtual-ip", f"{self.virtual_ip}/24", "--virtual-ip-interface", host.device]
             argv = host.command(
-                sys.executable, "-m", "hastandby", "serve", "--listen", f"{host.address}:{NODE_PORT}",
+                sys.executable, "-m", "hastandby", "serve", *listen,
                 "--etcd", etcd_url, "--cluster", self.cluster_name, "--node-id", node_id,
                 "--lease-ttl", str(LEASE_TTL), "--brokers-url", self._brokers, "--log-format", "json",
-                "--data-dir", str(self.data_dir(node_id)), *self.users.serve_arguments())
-            address = f"{host.address}:{NODE_PORT}"
+                "--data-dir", str(self.data_dir(node_id)), *self.users.serve_arguments(), *self.serve_options)
             node = Node(node_id, host, argv, self.workdir / f"{node_id}.log",
                         StatusPoller(node_id, address, self.admin))
             self.nodes[node_id] = node
@@ -193,6 +200,16 @@ class Cluster:
             target.write_bytes(path.read_bytes())
 
     # -- what the operator sees -----------------------------------------------------------------------
+
+    @property
+    def virtual_ip_url(self) -> str | None:
+        return f"amqp://{self.virtual_ip}:{NODE_PORT}" if self.virtual_ip is not None else None
+
+    def virtual_ip_holders(self) -> list[str]:
+        """The nodes whose interface carries the virtual IP now (none without one)."""
+        if self.virtual_ip is None:
+            return []
+        return [name for name in self.network.holders(self.virtual_ip) if name in self.nodes]
 
     def states(self) -> dict[str, str | None]:
         return {node_id: node.state for node_id, node in self.nodes.items()}

@@ -23,6 +23,7 @@ from ..failover import _worktree
 from ..throughput import DEFAULT_OUT, host_info
 from .runner import Settings, run_schedule
 from .schedule import FAULT_KINDS, FIXED, Schedule, parse_faults, random_schedule
+from .workload import VIRTUAL_IP_PRODUCER
 
 
 def _faults(text: str) -> tuple[str, ...]:
@@ -129,7 +130,10 @@ def _progress(result: dict[str, Any]) -> str:
     status = "ok" if result["ok"] else f"*** {result['status']} ***"
     line = (f"    {status} in {result['duration_s']:.0f} s: acked {v['acknowledged']} lost {v['lost']} "
             f"unexpected {v['unexpected']} duplicated {v['duplicated']} recovered {v['recovered']}, "
-            f"replica mismatches {result['replica_mismatches']} in {len(result['replica_checks'])} checks")
+            f"replica mismatches {result['replica_mismatches']} in {len(result['replica_checks'])} checks"
+            + (f", virtual IP misplaced in {result['virtual_ip_misplaced_checks']} (acked through it "
+               f"{result['acknowledged_by_client'].get(VIRTUAL_IP_PRODUCER, 0)})"
+               if any("virtual_ip_on" in c for c in result["replica_checks"]) else ""))
     notes = []
     if result["error"]:
         notes.append(f"error: {result['error']}")
@@ -150,12 +154,13 @@ def _progress(result: dict[str, Any]) -> str:
 
 def print_table(results: list[dict[str, Any]]) -> None:
     print(f"\n{'schedule':<38}{'seed':>8}{'acked':>7}{'lost':>6}{'unexp':>6}{'dup':>6}{'replica':>8}  "
-          f"{'status':<11} faults")
+          f"{'status':<13} faults")
     for r in results:
         v = r["verdict"]
         print(f"{r['schedule']:<38}{r['seed'] if r['seed'] is not None else '-':>8}"
               f"{v['acknowledged']:>7}{v['lost']:>6}{v['unexpected']:>6}{v['duplicated']:>6}"
-              f"{r['replica_mismatches']:>8}  {r['status']:<11} {','.join(r['faults'])}")
+              f"{r['replica_mismatches']:>8}  {r['status']:<13} {','.join(r['faults'])}")
     bad = sum(1 for r in results if not r["ok"])
     print(f"{len(results)} schedules, {bad} with a problem (INVALID: lost or unexpected messages; MISMATCH: a "
-          "backup's copy differs; NO VERDICT: not drained, e.g. no primary after the schedule)")
+          "backup's copy differs; NO VERDICT: not drained, e.g. no primary after the schedule; VIP MISPLACED: the "
+          "virtual IP on another node than the primary at a check)")

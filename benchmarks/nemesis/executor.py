@@ -29,6 +29,7 @@ from .schedule import (
     CLIENTS_PRIMARY,
     ELECT_EACH,
     HEAL,
+    PRIMARY_ALL,
     PRIMARY_BACKUPS,
     PRIMARY_ETCD,
     PROMOTE,
@@ -247,6 +248,8 @@ class Executor:
             pairs = [(node, other) for other in self.node_ids if other != node]
         elif op.arg == CLIENTS_PRIMARY:
             pairs = [("clients", node)]
+        elif op.arg == PRIMARY_ALL:
+            pairs = [(node, other) for other in self.network.hosts if other != node]
         else:
             raise ValueError(f"unknown partition {op.arg!r}")
         self._bind(op, node, self.network.cut(pairs))
@@ -332,6 +335,9 @@ class Executor:
             self.workload.command("resume")
         check.update(primary=primary, backups=sorted(backups), attempts=attempts, mismatches=mismatches,
                      result="ok" if mismatches == 0 else (f"error: {error}" if diffs is None else "MISMATCH"))
+        if self.cluster.virtual_ip is not None:  # the settled cluster's primary holds it, no other node does
+            holders = self.cluster.virtual_ip_holders()
+            check.update(virtual_ip_on=holders, virtual_ip_misplaced=holders != [primary])
         if diffs:
             check.update(missing=sum(len(d.missing) for d in diffs), differing=sum(len(d.differing) for d in diffs),
                          extra=sum(len(d.extra) for d in diffs), diffs=[str(d) for d in diffs])

@@ -86,7 +86,8 @@ class Network:
             subnet = 1 + subnet % 250
         else:
             raise NetworkError("every 10.78.N.0/24 subnet is in use in the root namespace")
-        self.controller_address = f"10.78.{subnet}.1"
+        self.prefix = f"10.78.{subnet}"
+        self.controller_address = f"{self.prefix}.1"
         self.hosts: dict[str, Host] = {}
         self._veths: list[str] = []
         self._cuts: dict[tuple[str, str], int] = {}  # (host, peer) -> partitions that need the cut
@@ -97,7 +98,7 @@ class Network:
             ip("addr", "add", f"{self.controller_address}/24", "dev", self.bridge)
             ip("link", "set", self.bridge, "up")
             for index, name in enumerate(host_names):
-                self._add_host(name, f"nemesis-{tag}-{name}", f"10.78.{subnet}.{10 + index}", f"nmv{tag}{index}")
+                self._add_host(name, f"nemesis-{tag}-{name}", f"{self.prefix}.{10 + index}", f"nmv{tag}{index}")
         except BaseException:
             self.close()
             raise
@@ -117,6 +118,19 @@ class Network:
 
     def __getitem__(self, name: str) -> Host:
         return self.hosts[name]
+
+    def address(self, last: int) -> str:
+        """An address of the network's subnet that no host has, e.g. ``address(100)`` for a virtual IP."""
+        return f"{self.prefix}.{last}"
+
+    def holders(self, address: str) -> list[str]:
+        """The hosts whose interface carries ``address`` (a virtual IP), in host order."""
+        found = []
+        for host in self.hosts.values():
+            shown = ip("-n", host.namespace, "-o", "-4", "addr", "show", "dev", host.device, check=False).stdout
+            if any(line.split()[3].split("/")[0] == address for line in shown.splitlines() if " inet " in line):
+                found.append(host.name)
+        return found
 
     # -- partitions ----------------------------------------------------------------------------------
 

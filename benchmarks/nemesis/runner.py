@@ -2,8 +2,10 @@
 
 The phases, each bounded:
 
-1. a network of namespaces, etcd and three nodes; the replicated queue;
-2. the clients process (background load unless the schedule scripts its own);
+1. a network of namespaces, etcd and three nodes (holding a virtual IP if the schedule says so); the
+   replicated queue;
+2. the clients process (background load unless the schedule scripts its own; with a virtual IP, one more
+   producer that knows only it);
 3. the schedule's ops (``executor.py``), replica checks among them;
 4. the final phase: heal every partition, resume frozen nodes, restart dead
    ones, wait for one primary with every other node its backup, compare the
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import random
 import shutil
+from collections import Counter
 import tempfile
 import time
 from dataclasses import dataclass
@@ -67,15 +70,16 @@ def run_schedule(schedule: Schedule, run_id: str, settings: Settings) -> dict[st
     t_teardown = None
     try:
         network = Network(HOSTS)
-        cluster = Cluster(network, list(NODE_IDS), workdir, cluster_name=round_id)
+        cluster = Cluster(network, list(NODE_IDS), workdir, cluster_name=round_id, virtual_ip=schedule.virtual_ip)
         cluster.start()
         workload = Workload(network["clients"], [n.url for n in cluster.nodes.values()], QUEUE, workdir,
                             cluster.users.client_environment())
         if schedule.load:
-            workload.start_background()
+            workload.start_background(cluster.virtual_ip_url)
         trace.round_start(started, run_id, schedule, list(NODE_IDS), LEASE_TTL,
                           workload.offered_rate if schedule.load else 0.0, queue=QUEUE, cluster=round_id,
-                          addresses={n.node_id: n.address for n in cluster.nodes.values()})
+                          addresses={n.node_id: n.address for n in cluster.nodes.values()},
+                          **({"virtual_ip": cluster.virtual_ip} if cluster.virtual_ip else {}))
         executor = Executor(cluster, network, workload, trace, random.Random(schedule.seed or schedule.name))
         executor.run(schedule.ops)
         primary = executor.undo_everything()
@@ -146,13 +150,16 @@ def _summary(schedule: Schedule, round_id: str, verdict: QueueVerdict, checks: l
              mismatches: int, error: str | None, complete: bool, drained: dict[str, Any], depth_after: int | None,
              history: History, problems: list[str], executor: Executor | None, started: float,
              trace_path: Path) -> dict[str, Any]:
-    ok = verdict.valid and mismatches == 0 and complete
+    misplaced = sum(1 for c in checks if c.get("virtual_ip_misplaced"))
+    ok = verdict.valid and mismatches == 0 and complete and not misplaced
     if not complete:
         status = "NO VERDICT"  # not drained: the lost figure counts acknowledged messages not received
     elif not verdict.valid:
         status = "INVALID"
+    elif mismatches:
+        status = "MISMATCH"
     else:
-        status = "MISMATCH" if mismatches else "ok"
+        status = "VIP MISPLACED" if misplaced else "ok"
     return {
         "schedule": schedule.name,
         "seed": schedule.seed,
@@ -169,6 +176,8 @@ def _summary(schedule: Schedule, round_id: str, verdict: QueueVerdict, checks: l
         "replica_mismatches": mismatches,
         "replica_checks": checks,
         "mismatched_checks": sum(1 for c in checks if c["mismatches"]),
+        "virtual_ip_misplaced_checks": misplaced,
+        "acknowledged_by_client": dict(sorted(Counter(i.rsplit("-", 1)[0] for i in set(history.acknowledged)).items())),
         "complete": complete,
         "drain": drained,
         "depth_after_drain": depth_after,

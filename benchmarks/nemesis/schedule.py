@@ -65,6 +65,8 @@ PRIMARY_ETCD = "primary-etcd"  # the primary cannot reach etcd (nor etcd it)
 PRIMARY_BACKUPS = "primary-backups"  # the primary cannot reach the other nodes
 CLIENTS_PRIMARY = "clients-primary"  # the clients cannot reach the primary
 PARTITIONS = (PRIMARY_ETCD, PRIMARY_BACKUPS, CLIENTS_PRIMARY)
+PRIMARY_ALL = "primary-all"  # the primary cannot reach any host (its link cut); fixed schedules only, so that a
+#                              seed's random schedule stays what it was
 FAULT_KINDS = (KILL9, KILL9_ALL, SIGSTOP, SIGTERM, PROMOTE, *(f"{PARTITION}-{p}" for p in PARTITIONS))
 FAULT_ALIASES = {
     "kill": KILL9, "kill9": KILL9, "all": KILL9_ALL, "kill-all": KILL9_ALL, "stop": SIGSTOP, "sigstop": SIGSTOP,
@@ -123,6 +125,7 @@ class Schedule:
     load: bool = True
     description: str = ""
     faults: tuple[str, ...] = field(default=())  # the fault kinds it injects, for the summary
+    virtual_ip: bool = False  # the nodes hold a virtual IP (serve --virtual-ip) and one producer knows only it
 
     def __str__(self) -> str:
         return f"{self.name}: " + "; ".join(str(op) for op in self.ops if op.kind != SLEEP)
@@ -460,9 +463,45 @@ def _every_node_killed() -> Schedule:
                     "acknowledged message; then elect each node in turn and drain")
 
 
+def _virtual_ip_through_partitions() -> Schedule:
+    ops = (
+        Op(SLEEP, seconds=WARMUP),
+        Op(PARTITION, target="primary", label="A", arg=PRIMARY_ALL),
+        Op(SLEEP, seconds=5.0),
+        Op(HEAL, target="@A"),
+        Op(AWAIT_STATE, target="@A", arg="backup", seconds=20),
+        Op(CHECK),
+        Op(PARTITION, target="primary", label="E", arg=PRIMARY_ETCD),
+        Op(SLEEP, seconds=5.0),
+        Op(HEAL, target="@E"),
+        Op(AWAIT_STATE, target="@E", arg="backup", seconds=20),
+        Op(CHECK),
+        Op(PARTITION, target="primary", label="C", arg=CLIENTS_PRIMARY),
+        Op(SLEEP, seconds=3.0),
+        Op(HEAL, target="@C"),
+        Op(KILL9, target="primary", label="K"),
+        Op(SLEEP, seconds=2.0),
+        Op(RESTART, target="@K"),
+        Op(AWAIT_STATE, target="@K", arg="backup", seconds=25),
+        Op(PROMOTE, target="backup"),
+        Op(CHECK),
+    )
+    return Schedule(
+        name="virtual-ip-through-partitions", ops=ops, virtual_ip=True,
+        faults=(f"{PARTITION}-{PRIMARY_ALL}", f"{PARTITION}-{PRIMARY_ETCD}", f"{PARTITION}-{CLIENTS_PRIMARY}",
+                KILL9, PROMOTE),
+        description="the nodes hold a virtual IP and one more producer knows only it; under load, cut the "
+                    "primary from every host for 5 s (the address must move to the new primary, whose "
+                    "announcement resets the producer's stalled connection), then from etcd only for 5 s, then "
+                    "the clients from the primary for 3 s (the address's path itself cut: nothing moves), kill -9 "
+                    "the primary (its address stays on the dead host until it starts again) and restart it, "
+                    "promote a backup (a handover); a check after each, where the address must be on the "
+                    "primary alone")
+
+
 FIXED: dict[str, Schedule] = {s.name: s for s in (
     _frozen_primary_rejoins(), _frozen_primary_reelected(), _partitioned_primary_killed(),
     _primary_cut_from_etcd(), _frozen_primary_killed_backup(), _frozen_primary_resumes_cut_from_etcd(),
-    _every_node_killed(),
+    _every_node_killed(), _virtual_ip_through_partitions(),
 )}
 """The named, deterministic schedules (``--fixed``), in the order they run."""

@@ -121,7 +121,12 @@ def add_cluster_events(trace: Trace, cluster: Cluster, until: float) -> list[str
 
 
 def add_client_events(trace: Trace, history: History, t0: float, node_of: dict[str, str]) -> None:
-    """Reconnects, ``acks`` per 100 ms from t0, and the first acceptance after the first fault."""
+    """Reconnects, ``acks`` per 100 ms from t0, and the first acceptance after the first fault.
+
+    The first acceptance after the fault counts only on a URL that names a
+    node: one through the virtual IP may still come on the faulted node's
+    connection.
+    """
     links: dict[str, int] = {}
     buckets: dict[int, int] = {}
     first_after = None
@@ -139,7 +144,7 @@ def add_client_events(trace: Trace, history: History, t0: float, node_of: dict[s
             k = int((t - t0) * 1000 // ts.ACK_BUCKET_MS)
             buckets[k] = buckets.get(k, 0) + 1
             if (first_after is None and trace.t_fault is not None and t >= trace.t_fault
-                    and node != trace.faulted_node):
+                    and event.get("url") in node_of and node != trace.faulted_node):
                 first_after = event
                 trace.line(t, ts.FIRST_ACCEPTED_AFTER_FAULT, ts.PRODUCER, **{ts.CLIENT: ts.PRODUCER, ts.NODE: node},
                            id=event.get("id"), observed="harness, from the producers' history")

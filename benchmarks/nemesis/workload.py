@@ -30,6 +30,7 @@ from .network import Host
 
 PRODUCER_RATE = 25.0  # messages/s per background producer
 PRODUCERS = ("p1", "p2", "p3")
+VIRTUAL_IP_PRODUCER = "v1"  # a background producer whose only address is the virtual IP (when there is one)
 CONSUMER_RATE = 30.0  # messages/s: slower than the producers, so a backlog builds that a bad replica would lose
 CONSUMERS = ("c1",)
 QUIET = 0.3  # s without a delivery before the load counts as quiet
@@ -47,15 +48,18 @@ class WorkloadError(RuntimeError):
 class Workload:
     """One clients process; ``stop()`` (in a ``finally``) ends it by PID if ``finish()`` did not."""
 
-    def __init__(self, host: Host, urls: list[str], queue: str, workdir: Path, credentials: dict[str, str]) -> None:
-        """``credentials``: the clients' ``HASTANDBY_USER``/``HASTANDBY_PASSWORD`` environment."""
+    def __init__(self, host: Host, urls: list[str], queue: str, workdir: Path, credentials: dict[str, str],
+                 options: tuple[str, ...] = ()) -> None:
+        """``credentials``: the clients' ``HASTANDBY_USER``/``HASTANDBY_PASSWORD`` environment; ``options``: more
+        ``numbered_client`` arguments (its heartbeat, connect timeout, reconnect, ...)."""
         self.history_path = workdir / "clients-history.jsonl"
         self.log_path = workdir / "clients.log"
         self.status: dict[str, dict[str, Any]] = {}
         self.errors: list[str] = []
+        self.background: list[str] = []  # the background producers started (start_background)
         command = host.command(sys.executable, "-m", "benchmarks.numbered_client", "--urls", ",".join(urls),
                                "--queue", queue, "--history", str(self.history_path), "--window", str(WINDOW),
-                               "--credit", str(CREDIT), "--time-limit", "600")
+                               "--credit", str(CREDIT), "--time-limit", "600", *options)
         with open(self.log_path, "ab") as log:
             self.popen = subprocess.Popen(command, cwd=REPO_ROOT, env={**python_env(), **credentials},
                                           stdin=subprocess.PIPE,
@@ -86,16 +90,26 @@ class Workload:
         self.popen.stdin.write((text + "\n").encode())
         self.popen.stdin.flush()
 
-    def start_background(self) -> None:
-        """The steady load: producers at PRODUCER_RATE each, a consumer at CONSUMER_RATE; a backlog builds."""
+    def start_background(self, virtual_ip_url: str | None = None) -> None:
+        """The steady load: producers at PRODUCER_RATE each, a consumer at CONSUMER_RATE; a backlog builds.
+
+        With ``virtual_ip_url`` one more producer, VIRTUAL_IP_PRODUCER, knows
+        only that address, as an application given the virtual IP does; its
+        messages go to the same queue, so the consumers and the checker take
+        them with the others.
+        """
         for name in PRODUCERS:
             self.command(f"producer {name} {PRODUCER_RATE:g}")
+            self.background.append(name)
+        if virtual_ip_url is not None:
+            self.command(f"producer {VIRTUAL_IP_PRODUCER} {PRODUCER_RATE:g} {virtual_ip_url}")
+            self.background.append(VIRTUAL_IP_PRODUCER)
         for name in CONSUMERS:
             self.command(f"consumer {name} {CONSUMER_RATE:g}")
 
     @property
     def offered_rate(self) -> float:
-        return PRODUCER_RATE * len(PRODUCERS)
+        return PRODUCER_RATE * len(self.background)
 
     def client(self, name: str) -> dict[str, Any]:
         return self.status.get(name) or {}

@@ -4,9 +4,12 @@ Each test runs one named schedule of ``benchmarks/nemesis/schedule.py`` end
 to end (fresh namespaces, etcd, nodes and clients; everything stopped by PID
 and the namespaces deleted, also when the schedule fails) and asserts what a
 hot-standby cluster promises: no acknowledged message lost, none conjured,
-and every ready backup holding what the primary holds.  A schedule the
-harness could not complete (the cluster never settled, a client failed, the
-drain left messages behind) fails too: there is no verdict then.
+and every ready backup holding what the primary holds; where the nodes
+hold a virtual IP, also the primary alone holding it at every check, and
+the producer that knows only that address acknowledged and checked with
+the others.  A schedule the harness could not complete (the cluster never
+settled, a client failed, the drain left messages behind) fails too: there
+is no verdict then.
 
 These tests find real bugs: on a product that loses acknowledged messages
 they fail, and that is their job (``docs/nemesis.md`` says which and why).
@@ -22,6 +25,7 @@ import pytest
 
 from benchmarks.nemesis.runner import Settings, run_schedule
 from benchmarks.nemesis.schedule import FIXED
+from benchmarks.nemesis.workload import VIRTUAL_IP_PRODUCER
 
 pytestmark = [pytest.mark.etcd, pytest.mark.timeout(150)]
 
@@ -47,3 +51,7 @@ def test_fixed_schedule(name, tmp_path):
     assert result["valid"], report
     assert result["replica_mismatches"] == 0, report
     assert result["verdict"]["acknowledged"] > 0, report
+    if FIXED[name].virtual_ip:  # its producer through the address had its messages checked with the others
+        assert result["acknowledged_by_client"].get(VIRTUAL_IP_PRODUCER, 0) > 0, report
+        placed = [c["virtual_ip_on"] for c in result["replica_checks"] if "virtual_ip_on" in c]
+        assert placed and result["virtual_ip_misplaced_checks"] == 0, f"{placed}\n{report}"

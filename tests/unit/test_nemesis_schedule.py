@@ -111,7 +111,8 @@ def test_unknown_kinds_are_refused():
 def test_fixed_schedules_bind_labels_before_using_them():
     assert list(s.FIXED) == ["frozen-primary-rejoins", "frozen-primary-reelected", "partitioned-primary-killed",
                              "primary-cut-from-etcd", "frozen-primary-killed-backup",
-                             "frozen-primary-resumes-cut-from-etcd", "every-node-killed"]
+                             "frozen-primary-resumes-cut-from-etcd", "every-node-killed",
+                             "virtual-ip-through-partitions"]
     for schedule in s.FIXED.values():
         bound: set[str] = set()
         for op in schedule.ops:
@@ -160,6 +161,16 @@ def test_every_node_killed_restarts_them_all_and_elects_each():
     ops = [op for op in s.FIXED["every-node-killed"].ops if op.kind != s.SLEEP]
     assert [op.kind for op in ops] == [s.AWAIT_ACKED, s.KILL9_ALL, s.RESTART, s.CHECK, s.ELECT_EACH]
     assert ops[2].target == f"@{ops[1].label}" and sorted(ops[4].target.split(",")) == list(s.NODE_IDS)
+
+
+def test_the_virtual_ip_schedule_partitions_through_the_address():
+    """The primary cut from every host, from etcd, its clients cut from it; then killed, and a handover."""
+    schedule = s.FIXED["virtual-ip-through-partitions"]
+    assert schedule.virtual_ip and schedule.load
+    assert [op.arg for op in schedule.ops if op.kind == s.PARTITION] == [s.PRIMARY_ALL, s.PRIMARY_ETCD,
+                                                                          s.CLIENTS_PRIMARY]
+    assert all(op.target == "primary" for op in schedule.ops if op.kind in (s.PARTITION, s.KILL9))
+    assert all(f"{s.PARTITION}-{s.PRIMARY_ALL}" not in s.random_schedule(seed).faults for seed in range(100))
 
 
 def test_the_race_free_reproduction_resumes_the_node_cut_from_etcd():
