@@ -32,7 +32,11 @@ from .broker.store import WiringStore
 from .files import write_atomically
 from .security.acl import Acl, AclError
 from .security.credentials import Credentials
+from .security.login_pool import LoginPool
+from .security.login_throttle import LoginThrottle
+from .security.logins import Logins
 from .security.pipe import ClientSecurity, ServerSecurity
+from .security.source_rate import SourceRate
 from .security.tls import TlsSettings
 
 log = structlog.get_logger("hastandby.node")
@@ -130,8 +134,16 @@ class Node:
         )
         self.handler.container_id = f"hastandby-{self.node_id}"
         self.driver = self.handler.driver
-        self.driver.security = ServerSecurity(self.users, config.allow_anonymous)
-        self.driver.max_handshakes = config.limits.handshakes
+        security = ServerSecurity(self.users, config.allow_anonymous)
+        limits = config.limits
+        self.logins = Logins(self.users, security.decoy_key, self.schedule,
+                             LoginPool(self.call_soon_threadsafe, limit=limits.login_checks),
+                             LoginThrottle(limits.failed_logins_per_source, limits.failed_login_delay_ms / 1000),
+                             SourceRate(limits.tls_handshakes_per_source_per_s))
+        self.driver.security = security
+        self.driver.logins = self.logins
+        self.driver.max_handshakes = limits.handshakes
+        self.driver.max_handshakes_per_source = limits.handshakes_per_source
         self.memory = self.handler.memory
         self.memory.high = config.memory_high_watermark or int(total_ram() * DEFAULT_FRACTION)
         self.memory.low = int(self.memory.high * LOW_FRACTION)
@@ -209,6 +221,7 @@ class Node:
             "uptime": round(time.time() - self.started, 3),
             "connections": len(self.handler.connections),
             "queues": len(self.registry.queues),
+            "logins": {**self.logins.describe(), "handshakes": len(self.driver.handshakes)},
         }
         for extra in self.status_extras:
             status.update(extra())

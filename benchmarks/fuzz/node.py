@@ -163,7 +163,10 @@ class FuzzNode:
     def command(self) -> list[str]:
         security = ["--users-file", str(self.users.users_file),
                     "--allow-anonymous" if self.anonymous else "--no-allow-anonymous",
-                    "--peer-user", "peer", "--peer-password-file", str(self.users.password_file("peer"))]
+                    "--peer-user", "peer", "--peer-password-file", str(self.users.password_file("peer")),
+                    # The fuzzer's wrong logins and its checks all come from 127.0.0.1: a throttled source
+                    # would make every check wait (docs/limits.md), and read as a hang.
+                    "--limit", "failed_logins_per_source=0"]
         return [sys.executable, "-m", "hastandby", "serve", "--listen", self.address, "--log-format", "json",
                 *security, *self.extra]
 

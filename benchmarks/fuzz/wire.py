@@ -198,6 +198,8 @@ class Engine:
             return
         if not self.sasl.done:
             data = self.sasl.receive(data)
+            if isinstance(self.sasl, SaslServer):
+                data += self.sasl.settle()  # a password check, here and now (a node does it off its reactor)
             if getattr(self.sasl, "failed", None):
                 self.failed = f"SASL: {self.sasl.failed}"
                 self._fill()

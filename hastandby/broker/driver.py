@@ -9,6 +9,9 @@ proton C engine (framing, SASL, sessions, flow control) and replaces only the
 loop around it:
 
 - sockets are multiplexed with ``selectors`` (epoll) and fed to the transport;
+  an accepted socket gets its transport only once it has authenticated
+  (``handshake.py``: until then TLS and SASL alone, their expensive steps
+  on the login pool, so that a client that cannot log in costs little);
 - the three events that come per message (a delivery, link flow, transport
   output) are handled straight from the C event, and routed to the link's
   endpoint through a dict keyed by the link's address; no wrapper objects;
@@ -44,9 +47,11 @@ from cproton import (
 )
 from proton import Collector, Condition, Connection, Endpoint, Event, Transport
 
+from hastandby.security.logins import Logins
 from hastandby.security.pipe import ClientSecurity, Pipe, PipeError, ServerSecurity
 
 from .backlog import Backlog
+from .handshake import Handshake
 
 log = structlog.get_logger("hastandby.driver")
 
@@ -112,8 +117,10 @@ class Timer:
 class Socket:
     """One AMQP connection's socket, transport and connection.
 
-    With a ``pipe`` (``security/pipe.py``: TLS and SASL) bytes go through it
-    and ``_outbound`` holds what the socket has not taken yet.  A plain
+    An accepted socket becomes one only once it has authenticated (until
+    then it is a ``Handshake``).  With a ``pipe`` (``security/pipe.py``: TLS,
+    and SASL on our own connections to peers) bytes go through it and
+    ``_outbound`` holds what the socket has not taken yet.  A plain
     connection drops its pipe once SASL is done and moves bytes the bare
     way, straight between socket and engine.
 
@@ -141,7 +148,6 @@ class Socket:
         self._inbound = bytearray()
         self._outbound = bytearray()
         self._refusing: str | None = None  # the handshake failed: send what is left, then close
-        self.counted = pipe is not None and pipe.server_side  # in the driver's count of handshakes
         self.backlog = Backlog(driver.after_events)
         self.tick_due = 0.0  # when the transport's idle-timeout timer next wants a tick (Driver._tick)
 
@@ -193,9 +199,6 @@ class Socket:
         except PipeError as error:
             self.refuse(str(error))
             return False
-        if pipe.principal is not None and getattr(self.connection, "hs_principal", None) is None:
-            self.connection.hs_principal = pipe.principal
-            self._handshake_over()
         self._feed(clear)
         return True
 
@@ -302,16 +305,10 @@ class Socket:
             self.events = wanted
             self.driver.selector.modify(self.sock, wanted, self)
 
-    def _handshake_over(self) -> None:
-        if self.counted:
-            self.counted = False
-            self.driver.handshaking -= 1
-
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        self._handshake_over()
         self.driver.forget(self)
         try:
             self.sock.close()
@@ -333,17 +330,21 @@ class _Listener:
     def ready(self, mask: int) -> None:
         for _ in range(64):
             try:
-                conn, _ = self.sock.accept()
+                conn, address = self.sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as error:
                 log.warning("accept failed", error=str(error))
                 return
             driver = self.driver
-            if driver.max_handshakes and driver.handshaking >= driver.max_handshakes:
+            source = str(address[0])
+            refusal = driver.handshake_refusal(source)
+            if refusal is not None:
                 conn.close()  # a flood of sockets that never authenticate: turn them away at the door
+                if driver.logins is not None:
+                    driver.logins.refused_at_accept(source, "%s:%d" % address[:2], *refusal)
                 continue
-            driver.adopt(conn, self.tls)
+            driver.adopt(conn, address, self.tls)
 
     def close(self) -> None:
         self.driver.selector.unregister(self.sock)
@@ -381,7 +382,7 @@ class Driver:
         self.endpoints: dict[Any, LinkEndpoint] = {}  # C link pointer -> endpoint
         self._pinned: dict[Any, Any] = {}  # C link pointer -> its wrapper
         self.sockets: dict[Any, Socket] = {}  # C transport pointer -> socket
-        self.dirty: set[Socket] = set()
+        self.dirty: set[Socket | Handshake] = set()
         self.out_buffer = ffi.new("char[]", IO_CHUNK)
         self._timers: list[Timer] = []
         self._seq = itertools.count()
@@ -390,11 +391,14 @@ class Driver:
         self._wakeup = _Wakeup(self)
         self.selector.register(self._wakeup.read_fd, selectors.EVENT_READ, self._wakeup)
         self._stopped = False
-        # What accepted connections are authenticated against; None only where
-        # no client ever connects (unit tests of the layers above).
+        # What accepted connections are authenticated against, and who decides their logins; None
+        # only where no client ever connects (unit tests of the layers above).
         self.security: ServerSecurity | None = None
-        self.max_handshakes = 0  # accepted sockets still in TLS/SASL at once (0: no limit)
-        self.handshaking = 0
+        self.logins: Logins | None = None
+        self.handshakes: set[Handshake] = set()  # accepted sockets still in TLS/SASL
+        self.handshakes_from: collections.Counter[str] = collections.Counter()  # ... per source address
+        self.max_handshakes = 0  # of them at once (0: no limit)
+        self.max_handshakes_per_source = 0
         self.schedule(TICK_INTERVAL, self._tick)
 
     # -- registration ----------------------------------------------------------
@@ -437,18 +441,61 @@ class Driver:
         self.selector.register(sock, selectors.EVENT_READ, listener)
         return listener
 
-    def adopt(self, sock: socket.socket, tls: ssl.SSLContext | None = None) -> Socket:
-        """Serve an accepted socket: TLS if its listener has it, then SASL, then AMQP."""
+    def handshake_refusal(self, source: str) -> tuple[str, str] | None:
+        """(limit, reason) if a socket just accepted from ``source`` must be closed at once, else None."""
+        if self.max_handshakes and len(self.handshakes) >= self.max_handshakes:
+            return "handshakes", f"handshakes limit reached: {self.max_handshakes}"
+        if self.max_handshakes_per_source and self.handshakes_from[source] >= self.max_handshakes_per_source:
+            return "handshakes_per_source", (f"handshakes from {source} limit reached: "
+                                             f"{self.max_handshakes_per_source}")
+        return None
+
+    def adopt(self, sock: socket.socket, address: Any, tls: ssl.SSLContext | None = None) -> None:
+        """Serve an accepted socket: TLS if its listener has it, then SASL (a ``Handshake``), then AMQP."""
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.security is None or self.logins is None:  # no authentication at all: unit tests of the layers above
+            self._add(self._engine(sock, None, None))
+            return
+        source = str(address[0])
+        handshake = Handshake(self, self.logins, sock, self.security.pipe(tls), source, "%s:%d" % tuple(address[:2]))
+        self.handshakes.add(handshake)
+        self.handshakes_from[source] += 1
+        delay = self.logins.wait_for(source, tls is not None)
+        if delay > 0:
+            self.schedule(delay, lambda: handshake.start(held=True))  # not read before then
+        else:
+            handshake.start()
+
+    def handshake_over(self, handshake: Handshake) -> None:
+        """``handshake`` is closed or authenticated: it no longer counts, and its socket is not watched for it."""
+        self.handshakes.discard(handshake)
+        self.dirty.discard(handshake)
+        remaining = self.handshakes_from[handshake.source] - 1
+        if remaining > 0:
+            self.handshakes_from[handshake.source] = remaining
+        else:
+            del self.handshakes_from[handshake.source]
+        try:
+            self.selector.unregister(handshake.sock)
+        except (KeyError, ValueError):
+            pass
+
+    def authenticated(self, handshake: Handshake, rest: bytes) -> None:
+        """``handshake`` is done: its connection gets an engine, which gets the bytes that followed SASL."""
+        self.handshake_over(handshake)
+        wrapped = self._engine(handshake.sock, handshake.pipe, handshake.pipe.principal)
+        wrapped._outbound = handshake.outbound
+        self._add(wrapped)
+        wrapped._feed(rest)
+
+    def _engine(self, sock: socket.socket, pipe: Pipe | None, principal: Any) -> Socket:
         connection = Connection()
         connection.collect(self.collector)
-        transport = Transport(Transport.SERVER)  # told nothing of SASL: the pipe does it
+        connection.hs_principal = principal
+        transport = Transport(Transport.SERVER)  # told nothing of SASL: the pipe did it
         transport.bind(connection)
-        pipe = self.security.pipe(tls) if self.security is not None else None
-        if pipe is not None:
-            self.handshaking += 1
-        return self._add(Socket(self, sock, transport, connection, pipe))
+        return Socket(self, sock, transport, connection, pipe)
 
     def connect(self, host: str, port: int, connection: Connection, handler: Any,
                 security: ClientSecurity | None = None) -> Socket:
@@ -522,6 +569,8 @@ class Driver:
         interval cost a node holding 10,000 idle connections 5.8 % of a core.
         """
         now = time.monotonic()
+        for handshake in [h for h in self.handshakes if h.started and now - h.opened_at > HANDSHAKE_TIMEOUT]:
+            handshake.refuse(f"no TLS and SASL handshake within {HANDSHAKE_TIMEOUT:g} s")
         for wrapped in list(self.sockets.values()):
             if wrapped.closed or now < wrapped.tick_due:
                 continue

@@ -27,6 +27,11 @@ class Limits:
     management_request: int = 1 << 20  # bytes of one management request
     max_frame_size: int = 1 << 20  # bytes of one AMQP frame, both ways
     handshakes: int = 1_000  # sockets still in TLS/SASL at once (each is bounded in time too)
+    handshakes_per_source: int = 100  # of them from one source address
+    failed_logins_per_source: int = 5  # failed logins from one address before its next attempts wait
+    failed_login_delay_ms: int = 5_000  # the longest such a wait (it doubles from 100 ms)
+    tls_handshakes_per_source_per_s: int = 100  # TLS handshakes begun per second from one address; more wait
+    login_checks: int = 256  # PLAIN password checks and TLS handshake steps on the login pool or waiting for it
     refusals_per_connection: int = 100  # refused sessions and links the peer has not ended or detached
 
     def check(self, what: str, count: int, limit: int) -> None:

@@ -50,6 +50,9 @@ class Credentials:
         self.path = path
         self._secrets: dict[str, Secret] = {}
         self._groups: dict[str, frozenset[str]] = {}
+        # Bumped by every change (add, set_password, delete, replace): what was decided about a
+        # login before it (a cached PLAIN login, a check still running) no longer holds.
+        self.generation = 0
 
     # -- reading ---------------------------------------------------------------------
 
@@ -123,22 +126,26 @@ class Credentials:
         if password is not None:
             self._secrets[user] = Secret.derive(check_password(password))
         self._groups[user] = frozenset(groups)
+        self.generation += 1
 
     def set_password(self, user: str, password: str) -> None:
         if user not in self._groups:
             raise CredentialsError(f"no such user: {user!r}")
         self._secrets[user] = Secret.derive(check_password(password))
+        self.generation += 1
 
     def delete(self, user: str) -> None:
         if user not in self._groups:
             raise CredentialsError(f"no such user: {user!r}")
         del self._groups[user]
         self._secrets.pop(user, None)
+        self.generation += 1
 
     def replace(self, other: "Credentials") -> None:
         """Take ``other``'s users, secrets and groups as this store's (a backup adopting the primary's)."""
         self._secrets = dict(other._secrets)
         self._groups = dict(other._groups)
+        self.generation += 1
 
     def to_users(self) -> dict[str, Any]:
         """The ``users`` object of the file's format: what is saved, and what a primary replicates."""

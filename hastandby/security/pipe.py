@@ -18,7 +18,7 @@ import os
 import ssl
 from dataclasses import dataclass, field
 
-from .sasl import Principal, SaslClient, SaslServer, Users
+from .sasl import Principal, SaslClient, SaslServer, Users, Verification
 from .tls import TlsError, TlsLayer
 
 
@@ -29,8 +29,6 @@ class PipeError(Exception):
 class Pipe:
     """TLS and SASL of one connection, in the order the wire has them."""
 
-    server_side = False
-
     def __init__(self, tls: TlsLayer | None) -> None:
         self.tls = tls
         self.principal: Principal | None = None
@@ -39,6 +37,11 @@ class Pipe:
     @property
     def done(self) -> bool:
         raise NotImplementedError
+
+    @property
+    def tls_handshaking(self) -> bool:
+        """TLS whose handshake is not done yet (its next step may make a private-key operation)."""
+        return self.tls is not None and not self.tls.handshake_done
 
     @property
     def passthrough(self) -> bool:
@@ -100,8 +103,6 @@ class ServerSecurity:
 
 
 class ServerPipe(Pipe):
-    server_side = True
-
     def __init__(self, security: ServerSecurity, tls: TlsLayer | None) -> None:
         super().__init__(tls)
         self.security = security
@@ -111,6 +112,21 @@ class ServerPipe(Pipe):
     def done(self) -> bool:
         return self._sasl is not None and self._sasl.done
 
+    @property
+    def verification(self) -> Verification | None:
+        """A SASL step waiting for the driver's verdict (``resume``)."""
+        return self._sasl.verification if self._sasl is not None else None
+
+    @property
+    def login_failed(self) -> bool:
+        """The handshake failed because the credentials were wrong (a failed login)."""
+        return self._sasl is not None and self._sasl.login_failed
+
+    def resume(self, refusal: str | None, busy: bool = False) -> bytes:
+        """The verdict on ``verification`` (``SaslServer.resume``); returns bytes for the engine, as ``receive``."""
+        assert self._sasl is not None
+        return self._sasl_result(self._sasl.resume(refusal, busy))
+
     def _after_tls(self, data: bytes) -> bytes:
         if self._sasl is None:
             subject = self.tls.peer_subject if self.tls is not None else None
@@ -118,7 +134,10 @@ class ServerPipe(Pipe):
                                     subject)
         if self._sasl.done:
             return data
-        rest = self._sasl.receive(data)
+        return self._sasl_result(self._sasl.receive(data))
+
+    def _sasl_result(self, rest: bytes) -> bytes:
+        assert self._sasl is not None
         if self._sasl.failed:
             raise PipeError(f"SASL: {self._sasl.failed}")
         if self._sasl.done:

@@ -12,18 +12,25 @@ to its source) use ``SaslClient`` the same way.
 Mechanisms offered by the server: SCRAM-SHA-256 and PLAIN against the
 node's users (``credentials.py``), EXTERNAL when the TLS peer presented a
 verified certificate, and ANONYMOUS only when anonymous access is allowed.
-No I/O and no clock here: the driver bounds the time a handshake may take.
+No I/O, no clock and no threads here: the driver bounds the time a
+handshake may take, and finishes the steps that decide a password login.
+
+Those steps pause the server (``verification``): checking a PLAIN password
+derives PBKDF2 (milliseconds), which must not run on the node's one reactor
+thread (``logins.py`` has it done on other threads).  The driver calls
+``resume`` with the verdict and the handshake goes on; bytes that arrive
+meanwhile wait, in order.
 """
 
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
 
 from proton import UNDESCRIBED, Array, Data, Described, symbol, ubyte, ulong
 
-from .scram import MECHANISM as SCRAM, ScramClient, ScramError, ScramServer, Secret
+from .scram import MECHANISM as SCRAM, ScramClient, ScramError, ScramServer, Secret, decoy_secret
 
 SASL_HEADER = b"AMQP\x03\x01\x00\x00"
 AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
@@ -32,6 +39,7 @@ MAX_FRAME = 64 * 1024  # a SASL frame carries a few hundred bytes; this bounds a
 
 MECHANISMS, INIT, CHALLENGE, RESPONSE, OUTCOME = 0x40, 0x41, 0x42, 0x43, 0x44
 OK, AUTH, SYS = 0, 1, 2
+SYS_TEMP = 4  # a transient failure: the client may try again later
 
 
 class SaslError(Exception):
@@ -71,9 +79,12 @@ def encode_frame(code: int, fields: list[Any]) -> bytes:
     return struct.pack(">IBBH", 8 + len(body), 2, 1, 0) + body
 
 
-def decode_frames(buffer: bytearray) -> list[tuple[int, list[Any]]]:
-    """Take every complete SASL frame off the front of ``buffer``."""
-    frames = []
+def decode_frame(buffer: bytearray) -> tuple[int, list[Any]] | None:
+    """Take the first complete SASL frame off the front of ``buffer`` (None: none complete yet).
+
+    One at a time: what follows the frame that ends the handshake is AMQP,
+    not SASL, and stays in ``buffer`` for the engine.
+    """
     while len(buffer) >= 8:
         size, doff, kind, _ = struct.unpack_from(">IBBH", buffer)
         if kind != 1 or doff < 2 or size < doff * 4:
@@ -81,7 +92,7 @@ def decode_frames(buffer: bytearray) -> list[tuple[int, list[Any]]]:
         if size > MAX_FRAME:
             raise SaslError(f"a SASL frame of {size} bytes is larger than the limit of {MAX_FRAME}")
         if len(buffer) < size:
-            break
+            return None
         body = bytes(buffer[doff * 4:size])
         del buffer[:size]
         if not body:
@@ -95,7 +106,15 @@ def decode_frames(buffer: bytearray) -> list[tuple[int, list[Any]]]:
         if not isinstance(value, Described) or not isinstance(value.value, list):
             raise SaslError("a SASL frame must hold a described list")
         # proton hands binaries out as views into its own buffer: copy them while it lives.
-        frames.append((int(value.descriptor), [bytes(v) if isinstance(v, memoryview) else v for v in value.value]))
+        return int(value.descriptor), [bytes(v) if isinstance(v, memoryview) else v for v in value.value]
+    return None
+
+
+def decode_frames(buffer: bytearray) -> list[tuple[int, list[Any]]]:
+    """Take every complete SASL frame off the front of ``buffer``."""
+    frames = []
+    while (frame := decode_frame(buffer)) is not None:
+        frames.append(frame)
     return frames
 
 
@@ -114,23 +133,49 @@ def _binary(value: Any) -> bytes:
 # -- the server -----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Verification:
+    """A step that decides a password login, paused for the driver (``SaslServer.verification``).
+
+    ``password`` is PLAIN's, to be checked against the user's secret off the
+    reactor thread (``check_password``); SCRAM's proof (``password`` None)
+    costs nothing to check and is checked by ``resume`` itself.
+    """
+
+    mechanism: str
+    user: str
+    password: str | None = field(default=None, repr=False)
+
+
+def check_password(secret: Secret | None, decoy_key: bytes, user: str, password: str) -> str | None:
+    """PLAIN's verdict on ``password`` against ``user``'s ``secret``: None if right, else why not (for the log).
+
+    Derives PBKDF2 (milliseconds; hashlib lets other threads run meanwhile),
+    against a decoy secret for an unknown user (``secret`` None), so that an
+    unknown user costs and takes what a wrong password does.
+    """
+    candidate = secret if secret is not None else decoy_secret(decoy_key, user)
+    if candidate.check(password) and secret is not None:
+        return None
+    return f"wrong password for user {user!r}" if secret is not None else f"unknown user {user!r}"
+
+
 class _Plain:
-    def __init__(self, users: Users) -> None:
-        self.users = users
+    def __init__(self) -> None:
         self.user: str | None = None
 
-    def step(self, response: bytes) -> tuple[bytes | None, bool]:
+    def verification(self, response: bytes) -> Verification:
         try:
             authzid, user, password = response.decode().split("\0")
         except ValueError:
             raise SaslError("a PLAIN response is authzid NUL user NUL password") from None
         if authzid and authzid != user:
             raise SaslError(f"user {user!r} may not act as {authzid!r}")
-        secret = self.users.secret(user)
-        if secret is None or not secret.check(password):
-            raise SaslError(f"wrong password for user {user!r}" if secret else f"unknown user {user!r}")
         self.user = user
-        return None, True
+        return Verification("PLAIN", user, password)
+
+    def step(self, response: bytes) -> tuple[bytes | None, bool]:
+        return None, True  # reached only once the driver found the password right
 
 
 class _Scram:
@@ -140,6 +185,10 @@ class _Scram:
     @property
     def user(self) -> str | None:
         return self.exchange.user
+
+    def verification(self, response: bytes) -> Verification | None:
+        """The client's final message holds the proof: the step that decides."""
+        return Verification(SCRAM, self.user) if self.user is not None else None
 
     def step(self, response: bytes) -> tuple[bytes | None, bool]:
         try:
@@ -156,6 +205,9 @@ class _External:
         self.users = users
         self.user: str | None = None
 
+    def verification(self, response: bytes) -> None:
+        return None
+
     def step(self, response: bytes) -> tuple[bytes | None, bool]:
         authzid = response.decode(errors="replace")
         if authzid and authzid != self.subject:
@@ -169,6 +221,9 @@ class _External:
 class _Anonymous:
     user = ANONYMOUS.user
 
+    def verification(self, response: bytes) -> None:
+        return None
+
     def step(self, response: bytes) -> tuple[bytes | None, bool]:
         return None, True
 
@@ -180,7 +235,12 @@ class SaslServer:
     ``done``, ``receive`` returns the bytes that follow the handshake (for
     the AMQP engine) and ``principal`` says who the peer is.  ``failed``
     holds the reason when it did not work (the peer was sent an outcome,
-    where a frame could be sent; close after flushing).
+    where a frame could be sent; close after flushing), and
+    ``login_failed`` says whether it was the credentials that were wrong
+    (rather than the protocol, or the node too busy to check them).
+
+    While ``verification`` is set the server waits for ``resume``: bytes
+    received meanwhile are kept, in order, up to a frame's worth.
     """
 
     def __init__(self, users: Users, decoy_key: bytes, allow_anonymous: bool,
@@ -194,8 +254,11 @@ class SaslServer:
         self._state = "header"
         self._mechanism: Any = None
         self._mechanism_name = ""
+        self._paused: bytes = b""  # the response whose step waits for ``resume``
+        self.verification: Verification | None = None
         self.principal: Principal | None = None
         self.failed: str | None = None
+        self.login_failed = False
 
     @property
     def done(self) -> bool:
@@ -220,8 +283,47 @@ class SaslServer:
         if self._state == "failed":
             return b""
         self._buffer += data
-        try:
+        if self._state == "verifying":
+            if len(self._buffer) > MAX_FRAME:
+                self._fail(f"more than {MAX_FRAME} bytes sent while its credentials were checked")
+            return b""
+        return self._go(self._advance)
+
+    def resume(self, refusal: str | None = None, busy: bool = False) -> bytes:
+        """The driver's verdict on ``verification``: None to go on (SCRAM's proof is checked now), else why not.
+
+        ``busy``: refused because the node could not check it now (the peer
+        is told to try again later: outcome sys-temp), not for the
+        credentials.  Returns what follows a finished handshake, as ``receive``.
+        """
+        if self._state != "verifying":
+            raise RuntimeError(f"nothing to resume in state {self._state}")
+        response, self._paused, self.verification = self._paused, b"", None
+        if refusal is not None:
+            self.login_failed = not busy
+            self._fail(refusal, SYS_TEMP if busy else AUTH)
+            return b""
+
+        def step() -> None:
+            try:
+                self._finish(response)
+            except SaslError:
+                self.login_failed = True
+                raise
             self._advance()
+        return self._go(step)
+
+    def settle(self) -> bytes:
+        """Finish a paused step here and now (tests, tools: the node does it off its reactor thread)."""
+        verification = self.verification
+        if verification is None or verification.password is None:
+            return self.resume() if verification is not None else b""
+        user, password = verification.user, verification.password
+        return self.resume(check_password(self._users.secret(user), self._decoy_key, user, password))
+
+    def _go(self, advance: Callable[[], None]) -> bytes:
+        try:
+            advance()
         except SaslError as error:
             self._fail(str(error))
             return b""
@@ -249,15 +351,14 @@ class SaslServer:
             mechanisms = [symbol(m) for m in self.mechanisms()]
             self._output += encode_frame(MECHANISMS, [Array(UNDESCRIBED, Data.SYMBOL, *mechanisms)])
             self._state = "init"
-        for code, fields in decode_frames(self._buffer):
+        while self._state in ("init", "response") and (frame := decode_frame(self._buffer)):
+            code, fields = frame
             if self._state == "init" and code == INIT:
                 self._init(fields)
             elif self._state == "response" and code == RESPONSE:
                 self._step(_binary(_field(fields, 0)))
             else:
                 raise SaslError(f"unexpected SASL frame 0x{code:x} in state {self._state}")
-            if self._state in ("done", "failed"):
-                return
 
     def _refuse_header(self) -> None:
         head = bytes(self._buffer[:8])
@@ -277,7 +378,7 @@ class SaslServer:
         if name == SCRAM:
             self._mechanism = _Scram(self._users, self._decoy_key)
         elif name == "PLAIN":
-            self._mechanism = _Plain(self._users)
+            self._mechanism = _Plain()
         elif name == "EXTERNAL":
             self._mechanism = _External(self._subject or "", self._users)
         else:
@@ -285,6 +386,13 @@ class SaslServer:
         self._step(_binary(_field(fields, 1)))
 
     def _step(self, response: bytes) -> None:
+        verification = self._mechanism.verification(response)
+        if verification is not None:
+            self.verification, self._paused, self._state = verification, response, "verifying"
+            return
+        self._finish(response)
+
+    def _finish(self, response: bytes) -> None:
         challenge, finished = self._mechanism.step(response)
         if not finished:
             self._output += encode_frame(CHALLENGE, [challenge or b""])
@@ -294,11 +402,11 @@ class SaslServer:
         self._output += encode_frame(OUTCOME, [ubyte(OK), challenge] if challenge else [ubyte(OK)])
         self._state = "done"
 
-    def _fail(self, reason: str) -> None:
+    def _fail(self, reason: str, code: int = AUTH) -> None:
         if self._state == "header":
             self._output += SASL_HEADER  # the protocol spoken here, as AMQP asks of a bad header
         else:
-            self._output += encode_frame(OUTCOME, [ubyte(AUTH)])
+            self._output += encode_frame(OUTCOME, [ubyte(code)])
         self._state = "failed"
         self.failed = reason
 

@@ -89,6 +89,18 @@ class Secret:
             raise ValueError(f"a SCRAM secret is malformed: {error}") from None
 
 
+def decoy_secret(decoy_key: bytes, user: str) -> Secret:
+    """What an unknown user is checked against: made up from the name with ``decoy_key``, the same every time.
+
+    Both mechanisms use it, so that a name that does not exist costs what a
+    wrong password costs and fails at the same point (SCRAM: the proof;
+    PLAIN: after deriving the key), and the exchange does not tell which
+    names exist.
+    """
+    decoy = _hmac(decoy_key, normalize(user))
+    return Secret(decoy[:16], ITERATIONS, decoy, decoy)
+
+
 def _attributes(message: str) -> dict[str, str]:
     fields: dict[str, str] = {}
     for part in message.split(","):
@@ -156,10 +168,7 @@ class ScramServer:
         self.user = _unescape(fields["n"])
         secret = self._lookup(self.user)
         self._known = secret is not None
-        if secret is None:
-            decoy = _hmac(self._decoy_key, normalize(self.user))
-            secret = Secret(decoy[:16], ITERATIONS, decoy, decoy)
-        self._secret = secret
+        self._secret = secret = secret if secret is not None else decoy_secret(self._decoy_key, self.user)
         self._client_first_bare = bare
         salt = base64.b64encode(secret.salt).decode()
         self._server_first = f"r={fields['r']}{self._nonce},s={salt},i={secret.iterations}"

@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import pytest
 
+from proton import symbol
+
 from hastandby.security.sasl import (
     AMQP_HEADER,
+    AUTH,
+    INIT,
+    MAX_FRAME,
+    OK,
+    OUTCOME,
     SASL_HEADER,
+    SYS_TEMP,
+    Principal,
     SaslClient,
     SaslServer,
+    Verification,
+    check_password,
     decode_frames,
     encode_frame,
 )
@@ -42,6 +53,7 @@ def handshake(client: SaslClient, side: SaslServer, chunk: int = 1000) -> bytes:
             outgoing += AMQP_OPEN
         for start in range(0, len(outgoing), chunk):
             passed += side.receive(outgoing[start:start + chunk])
+        passed += side.settle()  # as the node's driver does, off its reactor thread
         client.receive(side.take_output())
         if (client.done and side.done and passed) or client.failed or side.failed:
             break
@@ -129,3 +141,71 @@ def test_frames_round_trip_and_split_anywhere():
     buffer += frame[5:] + frame
     frames = decode_frames(buffer)
     assert [code for code, _ in frames] == [0x43, 0x43] and not buffer
+
+
+# -- the steps that decide a password login wait for the driver -------------------------------
+
+
+def plain_init(user: str, password: str) -> bytes:
+    return SASL_HEADER + encode_frame(INIT, [symbol("PLAIN"), f"\0{user}\0{password}".encode()])
+
+
+def outcome_code(side: SaslServer) -> int:
+    output = bytearray(side.take_output())
+    if output.startswith(SASL_HEADER):
+        del output[:len(SASL_HEADER)]
+    frames = decode_frames(output)
+    assert frames and frames[-1][0] == OUTCOME, frames
+    return int(frames[-1][1][0])
+
+
+def test_plain_waits_for_the_verdict_and_keeps_what_arrives_meanwhile_in_order():
+    side = server()
+    assert side.receive(plain_init("alice", "wonder") + AMQP_OPEN[:10]) == b""
+    assert side.verification == Verification("PLAIN", "alice", "wonder") and not side.done
+    assert side.receive(AMQP_OPEN[10:]) == b""  # still waiting: nothing reaches the engine yet
+    assert side.resume() == AMQP_OPEN  # the verdict: the password is right
+    assert side.done and side.principal == Principal("alice", "PLAIN") and side.verification is None
+    assert outcome_code(side) == OK
+
+
+def test_a_refused_verdict_is_a_failed_login_and_a_busy_one_is_not():
+    side = server()
+    side.receive(plain_init("alice", "guess"))
+    assert side.resume("wrong password for user 'alice'") == b""
+    assert side.failed == "wrong password for user 'alice'" and side.login_failed and not side.done
+    assert outcome_code(side) == AUTH
+    side = server()
+    side.receive(plain_init("alice", "wonder"))
+    side.resume("password checks busy", busy=True)
+    assert side.failed and not side.login_failed and outcome_code(side) == SYS_TEMP
+
+
+def test_the_password_check_uses_a_decoy_for_unknown_users():
+    secret = Users(alice="wonder").secret("alice")
+    assert check_password(secret, b"k" * 32, "alice", "wonder") is None
+    assert check_password(secret, b"k" * 32, "alice", "nope") == "wrong password for user 'alice'"
+    assert check_password(None, b"k" * 32, "bob", "wonder") == "unknown user 'bob'"
+
+
+def test_scram_waits_before_its_proof_and_checks_it_on_resume():
+    for password, ok in (("wonder", True), ("wrong", False)):
+        client, side = SaslClient("alice", password), server()
+        for _ in range(3):  # header; mechanisms and the client's first (which decides nothing); its final
+            assert side.verification is None
+            side.receive(client.take_output())
+            client.receive(side.take_output())
+        assert side.verification == Verification("SCRAM-SHA-256", "alice")
+        side.resume()
+        assert side.done is ok and side.login_failed is not ok
+        client.receive(side.take_output())
+        assert client.done is ok
+
+
+def test_a_peer_that_sends_on_while_waiting_is_bounded_and_resume_needs_a_pause():
+    side = server()
+    with pytest.raises(RuntimeError):
+        side.resume()
+    side.receive(plain_init("alice", "wonder"))
+    side.receive(b"x" * (MAX_FRAME + 1))
+    assert side.failed and "while its credentials were checked" in side.failed and not side.login_failed
