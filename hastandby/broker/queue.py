@@ -96,6 +96,7 @@ class QueueSettings:
     delivery_limit: int = 0  # x-delivery-limit: failed deliveries before dead-lettering (0: none)
     single_active_consumer: bool = False  # x-single-active-consumer
     dedup_window: int = 0  # x-dedup-window: seconds a message-id is remembered (0: no duplicate detection)
+    lvq_key: str | None = None  # qpid.last_value_queue_key: the application property a new message replaces by
     arguments: dict[str, Any] = field(default_factory=dict)
 
 
@@ -119,7 +120,7 @@ class Queue:
         self.depth = 0
         self.bytes = 0
         self.stats = {"enqueued": 0, "dequeued": 0, "expired": 0, "ring_dropped": 0, "rejected": 0,
-                      "dead_lettered": 0, "deduplicated": 0}
+                      "dead_lettered": 0, "deduplicated": 0, "replaced": 0}
         self._ids = array("q")
         self._data: list[bytes | None] = []
         self._holes = 0

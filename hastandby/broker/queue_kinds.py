@@ -1,5 +1,5 @@
 """Queues that do more than FIFO: priorities, a delivery limit, a single active consumer, duplicate
-detection (docs/queues.md).
+detection, last values (docs/queues.md).
 
 A plain queue (``queue.Queue``) pays nothing for these: each feature is a
 class that overrides the few ``Queue`` methods it changes, and the registry
@@ -38,6 +38,14 @@ restarted on its journal behave as the primary did:
   and its primary sends each id with its time: a ``u`` control) and
   journaled with durable messages, so a producer that re-sends after a
   failover or a restart makes no duplicate.
+- **Last-value queues** (``qpid.last_value_queue_key``): a message whose
+  application property KEY has the value of an older message's replaces it
+  (the older one is dequeued, reason ``replaced``).  Which one is the last is
+  a pure function of (value, replication id): the higher id.  The primary's
+  dequeue reaches its backups as any other; a replica (declared alike) also
+  drops an older message the moment it holds a newer one of the same value,
+  so no replaced message survives a failover, and a batch that arrives late
+  is dropped if something newer is there already.
 """
 
 from __future__ import annotations
@@ -377,18 +385,117 @@ class DedupQueue(Queue):
         return described
 
 
+class LastValueIndex:
+    """A last-value queue's keys: each message's value of the key property, and the newest id for each value.
+
+    A queue observer told of removals only: a message that leaves (consumed,
+    expired, replaced, a replicated dequeue) is forgotten.
+    """
+
+    follows_acquisitions = False
+
+    def __init__(self) -> None:
+        self.keys: dict[int, bytes] = {}  # msg_id -> value key (messages on the queue that have one)
+        self.latest: dict[bytes, int] = {}  # value key -> the newest id with it
+
+    def enqueued(self, queue: Queue, msg_id: int, data: bytes, completion: Completion | None) -> None:
+        pass
+
+    def acquired(self, queue: Queue, msg_id: int) -> None:
+        pass
+
+    def released(self, queue: Queue, msg_id: int) -> None:
+        pass
+
+    def dequeued(self, queue: Queue, msg_id: int, reason: str) -> None:
+        key = self.keys.pop(msg_id, None)
+        if key is not None and self.latest.get(key) == msg_id:
+            del self.latest[key]
+
+
+class LastValueQueue(Queue):
+    """A new message replaces the available message with the same value of application property
+    ``qpid.last_value_queue_key``.
+
+    The value is read from the message's bytes (``sections.application_property_key``);
+    a message without the property is an ordinary message.  An older message a
+    consumer holds is not taken from it: it stays until settled, and if it is
+    released, it is dropped then (a newer value is on the queue).
+    """
+
+    def __init__(self, name: str, settings: QueueSettings, object_uuid: str | None = None) -> None:
+        super().__init__(name, settings, object_uuid)
+        assert settings.lvq_key is not None  # queue_class picks this class only with one
+        self._lvq_name = settings.lvq_key.encode("utf-8", "surrogatepass")
+        self.last_values = LastValueIndex()
+        self.add_observer(self.last_values)
+
+    def enqueue(self, data: bytes, completion: Completion | None = None, ttl_ms: int | None = None,
+                msg_id: int | None = None) -> int:
+        stored = super().enqueue(data, completion, ttl_ms, msg_id)
+        if stored:
+            self._keep_last(stored, data)
+        return stored
+
+    def enqueue_run(self, payloads: list[bytes]) -> None:
+        """A DR tap's run (its source decided which messages to keep): one by one, each replacing."""
+        for payload in payloads:
+            self._keep_last(Queue.enqueue(self, payload), payload)
+
+    def restore(self, ids: list[int], payloads: list[bytes], ttls: dict[int, int] | None = None,
+                counts: dict[int, int] | None = None) -> None:
+        super().restore(ids, payloads, ttls, counts)
+        for msg_id, payload in zip(ids, payloads):  # a crash between an enqueue and its replacement's dequeue
+            self._keep_last(msg_id, payload)
+
+    def _keep_last(self, msg_id: int, data: bytes) -> None:
+        key = sections.application_property_key(data, self._lvq_name)
+        if key is None:
+            return
+        index = self.last_values
+        old = index.latest.get(key)
+        if old is not None and old > msg_id:  # arrived late (a replica catching up): already replaced
+            if msg_id not in self._acquired:
+                self._replace(msg_id)
+            return
+        if self._index(msg_id) is not None:  # (a pre-settled consumer may have taken it already)
+            index.keys[msg_id] = key
+            index.latest[key] = msg_id
+        if old is not None and old != msg_id and old not in self._acquired:
+            self._replace(old)
+
+    def _replace(self, msg_id: int) -> None:
+        if self.dequeue(msg_id, "replaced") is not None:
+            self.stats["replaced"] += 1
+
+    def release(self, msg_id: int, delivery_failed: bool) -> None:
+        index = self.last_values
+        key = index.keys.get(msg_id)
+        if key is not None and index.latest.get(key) != msg_id and msg_id in self._acquired:
+            del self._acquired[msg_id]  # replaced while a consumer held it: not back on the queue
+            self._replace(msg_id)
+            return
+        super().release(msg_id, delivery_failed)
+
+    def describe(self) -> dict[str, Any]:
+        described = super().describe()
+        described["lvq_key"] = self.settings.lvq_key
+        described["lvq_values"] = len(self.last_values.latest)
+        return described
+
+
 _CLASSES: dict[tuple[bool, ...], type[Queue]] = {}
 
 
 def queue_class(settings: QueueSettings) -> type[Queue]:
     """The class a queue with ``settings`` is made of: ``Queue`` itself unless it has a feature."""
-    key = (settings.dedup_window > 0, settings.single_active_consumer, settings.delivery_limit > 0,
-           settings.priorities > 0)
+    key = (settings.dedup_window > 0, settings.lvq_key is not None, settings.single_active_consumer,
+           settings.delivery_limit > 0, settings.priorities > 0)
     if not any(key):
         return Queue
     found = _CLASSES.get(key)
     if found is None:
-        kinds = (DedupQueue, SingleActiveConsumerQueue, DeliveryLimitQueue, PriorityQueue)
+        kinds = (DedupQueue, LastValueQueue, SingleActiveConsumerQueue, DeliveryLimitQueue, PriorityQueue)
         bases = tuple(cls for cls, wanted in zip(kinds, key) if wanted)
         found = bases[0] if len(bases) == 1 else type("".join(c.__name__[:-5] for c in bases) + "Queue", bases, {})
         _CLASSES[key] = found

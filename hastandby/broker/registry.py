@@ -38,6 +38,8 @@ PRIORITIES = "qpid.priorities"  # queue features (docs/queues.md, queue_kinds.py
 DELIVERY_LIMIT = "x-delivery-limit"
 SINGLE_ACTIVE_CONSUMER = "x-single-active-consumer"
 DEDUP_WINDOW = "x-dedup-window"
+LVQ_KEY = "qpid.last_value_queue_key"
+MAX_LVQ_KEY = 255  # UTF-8 bytes of a last-value queue's key name
 MAX_DEDUP_WINDOW = 86_400  # seconds: a day of message-ids at most
 MAX_PRIORITIES = 10
 MAX_DELIVERY_LIMIT = 2**31 - 1
@@ -108,6 +110,17 @@ def _switch(arguments: dict[str, Any], key: str) -> bool:
     raise InvalidArgument(f"{key} must be true or false, got {value!r}")
 
 
+def _lvq_key(arguments: dict[str, Any]) -> str | None:
+    """A last-value queue's key: the name of an application property (1-255 UTF-8 bytes); absent: None."""
+    value = arguments.get(LVQ_KEY)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value.encode("utf-8", "surrogatepass")) > MAX_LVQ_KEY:
+        raise InvalidArgument(f"{LVQ_KEY} must be the name of an application property (1 to {MAX_LVQ_KEY} "
+                              f"bytes of text), got {value!r}")
+    return value
+
+
 def queue_settings(
     arguments: dict[str, Any] | None,
     *,
@@ -140,6 +153,7 @@ def queue_settings(
         delivery_limit=_whole(args, DELIVERY_LIMIT, 1, MAX_DELIVERY_LIMIT),
         single_active_consumer=_switch(args, SINGLE_ACTIVE_CONSUMER),
         dedup_window=_whole(args, DEDUP_WINDOW, 1, MAX_DEDUP_WINDOW),
+        lvq_key=_lvq_key(args),
     )
     args[REPLICATE] = settings.replicate  # the effective level travels with the object
     settings.arguments = args

@@ -13,7 +13,7 @@ import hashlib
 import uuid as uuidlib
 from typing import Any, Iterator
 
-from proton import Data, Described, uint, ulong
+from proton import Data, Described, char, symbol, timestamp, uint, ulong
 
 from .errors import BrokerError
 
@@ -436,4 +436,150 @@ def _id_key(value: Any) -> bytes | None:
         return b"\xa0" + bytes(value)
     if isinstance(value, str):
         return b"\xa1" + value.encode("utf-8", "surrogatepass")
+    return None
+
+
+APPLICATION_PROPERTIES = 0x74
+_BEFORE_APPLICATION_PROPERTIES = (HEADER, DELIVERY_ANNOTATIONS, MESSAGE_ANNOTATIONS, PROPERTIES)
+_FIXED_WIDTH = {0x4: 0, 0x5: 1, 0x6: 2, 0x7: 4, 0x8: 8, 0x9: 16}  # a constructor's high nibble -> value bytes
+_SIGNED = frozenset((0x51, 0x54, 0x55, 0x61, 0x71, 0x81))  # byte, smallint, smalllong, short, int, long
+_INTEGERS = frozenset((0x50, 0x51, 0x52, 0x53, 0x54, 0x55, 0x60, 0x61, 0x70, 0x71, 0x80, 0x81))
+
+
+def _value_end(buf: bytes, at: int) -> int:
+    """Where the encoded value whose constructor is at ``at`` ends; -1 for a described value (the decoder's)."""
+    code = buf[at]
+    high = code >> 4
+    width = _FIXED_WIDTH.get(high)
+    if width is not None:
+        return at + 1 + width
+    if high in (0xA, 0xC, 0xE):
+        return at + 2 + buf[at + 1]
+    if high in (0xB, 0xD, 0xF):
+        return at + 5 + int.from_bytes(buf[at + 1:at + 5], "big")
+    return -1
+
+
+def _encoded_value_key(buf: bytes, at: int, end: int) -> bytes:
+    """The key of the simple value encoded at ``buf[at:end]``: equal values give equal keys whatever width their
+    encoding used (``_property_value_key`` gives the same for a decoded value)."""
+    code = buf[at]
+    if code in (0xA0, 0xA1, 0xA3):
+        return bytes((code,)) + buf[at + 2:end]
+    if code in (0xB0, 0xB1, 0xB3):
+        return bytes((code - 0x10,)) + buf[at + 5:end]
+    if code in _INTEGERS:
+        return b"I" + str(int.from_bytes(buf[at + 1:end], "big", signed=code in _SIGNED)).encode()
+    if code in (0x43, 0x44):  # uint0, ulong0
+        return b"I0"
+    if code == 0x41 or (code == 0x56 and buf[at + 1]):
+        return b"B1"
+    if code == 0x42 or code == 0x56:
+        return b"B0"
+    return b"=" + buf[at:end]  # a uuid, timestamp, float, char...: one encoding each
+
+
+def _property_value_key(value: Any) -> bytes | None:
+    """``_encoded_value_key`` of a value proton decoded."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return b"B1" if value else b"B0"
+    if isinstance(value, symbol):
+        return b"\xa3" + value.encode("ascii", "surrogateescape")
+    if isinstance(value, char):
+        pass
+    elif isinstance(value, str):
+        return b"\xa1" + value.encode("utf-8", "surrogatepass")
+    if isinstance(value, int) and not isinstance(value, timestamp):
+        return b"I" + str(int(value)).encode()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return b"\xa0" + bytes(value)
+    data = Data()
+    data.put_object(value)
+    return b"=" + bytes(data.encode())
+
+
+def application_property_key(buf: bytes, name: bytes) -> bytes | None:
+    """The value of application property ``name`` (its UTF-8 bytes) as a key, or None if the message has none.
+
+    A last-value queue asks this of every message it takes, so the usual
+    encodings are read straight from the bytes: the sections before the
+    application properties are skipped by their sizes and the map's entries
+    scanned (string keys, simple values, skipped by their widths), nothing
+    decoded.  Equal values give equal keys whatever width their encoding
+    used (the string ``"7"`` and the int 7 differ; a long 7 and a small int 7
+    do not); a key longer than ``LONG_ID`` is its SHA-256 digest.  Anything
+    the scan cannot read goes to the decoder; a message it cannot read has no
+    key.  Never raises.
+    """
+    key = _application_property_key(buf, name)
+    if key is not None and len(key) > LONG_ID:
+        return b"#" + hashlib.sha256(key).digest()
+    return key
+
+
+def _application_property_key(buf: bytes, name: bytes) -> bytes | None:
+    try:
+        pos, end = 0, len(buf)
+        while pos + 3 < end and buf[pos] == 0 and buf[pos + 1] == 0x53:
+            code, kind = buf[pos + 2], buf[pos + 3]
+            if code == APPLICATION_PROPERTIES:
+                if kind == 0xC1:
+                    count, at = buf[pos + 5], pos + 6
+                elif kind == 0xD1:
+                    count, at = int.from_bytes(buf[pos + 8:pos + 12], "big"), pos + 12
+                elif kind == 0x40:
+                    return None
+                else:
+                    return _slow_property(buf, name)
+                size = len(name)
+                for _ in range(count // 2):
+                    kcode = buf[at]
+                    if kcode == 0xA1:
+                        kstart, kend = at + 2, at + 2 + buf[at + 1]
+                    elif kcode == 0xB1:
+                        kstart = at + 5
+                        kend = kstart + int.from_bytes(buf[at + 1:at + 5], "big")
+                    else:
+                        return _slow_property(buf, name)
+                    vend = _value_end(buf, kend)
+                    if vend < 0 or vend > end:
+                        return _slow_property(buf, name)
+                    if kend - kstart == size and buf[kstart:kend] == name:
+                        return None if buf[kend] == 0x40 else _encoded_value_key(buf, kend, vend)
+                    at = vend
+                return None
+            if code not in _BEFORE_APPLICATION_PROPERTIES:
+                return None  # past where the application properties would be: none
+            if kind == 0x40 or kind == _EMPTY_LIST:
+                pos += 4
+            elif kind in (0xC0, 0xC1):
+                pos += 5 + buf[pos + 4]
+            elif kind in (0xD0, 0xD1):
+                pos += 8 + int.from_bytes(buf[pos + 4:pos + 8], "big")
+            else:
+                return _slow_property(buf, name)
+        return None if pos >= end or buf[pos] == 0 else _slow_property(buf, name)
+    except IndexError:
+        return _slow_property(buf, name)
+
+
+def _slow_property(buf: bytes, name: bytes) -> bytes | None:
+    """``application_property_key`` by the decoder, for encodings the scan does not read."""
+    try:
+        wanted = name.decode("utf-8", "surrogatepass")
+        for code, data in _sections(buf):
+            if code == APPLICATION_PROPERTIES:
+                found = data.get_object().value  # type: ignore[union-attr]  # _sections yields described values
+                if not isinstance(found, dict):
+                    return None
+                for key, value in found.items():
+                    if isinstance(key, str) and key == wanted:
+                        return _property_value_key(bytes(value) if isinstance(value, memoryview) else value)
+                return None
+            if code > APPLICATION_PROPERTIES:
+                return None
+    except Exception:  # noqa: BLE001 - a producer's malformed message: it has no key
+        return None
     return None

@@ -13,7 +13,9 @@
 // {"sent", "accepted", "received", "bodies", "error"} and exits 0, or 1 with
 // "error" set (the peer's condition and description), or 2 on a bad command
 // line.  --timeout (seconds) bounds the whole run.  --message-ids yes gives each
-// message sent its body as message-id (duplicate detection).
+// message sent its body as message-id (duplicate detection).  --property NAME
+// --values N gives message i the application property NAME = "v" + (i % N)
+// (last-value queues, message groups).
 'use strict';
 
 const fs = require('fs');
@@ -24,6 +26,7 @@ function parse(argv) {
     url: 'amqp://127.0.0.1:5672', queue: 'rhea', send: 0, receive: 0, timeout: 20,
     user: process.env.HASTANDBY_USER, password: process.env.HASTANDBY_PASSWORD,
     ca: undefined, cert: undefined, key: undefined, prefix: 'rhea-', 'message-ids': 'no',
+    property: undefined, values: 1,
   };
   for (let i = 0; i < argv.length; i += 2) {
     const name = argv[i].replace(/^--/, '');
@@ -31,7 +34,7 @@ function parse(argv) {
     if (!(name in options) || value === undefined) {
       throw new Error(`unknown option or missing value: ${argv[i]}`);
     }
-    options[name] = ['send', 'receive', 'timeout'].includes(name) ? Number(value) : value;
+    options[name] = ['send', 'receive', 'timeout', 'values'].includes(name) ? Number(value) : value;
   }
   return options;
 }
@@ -113,6 +116,7 @@ function run(options) {
       while (next < options.send && sender.sendable()) {
         const message = { body: `${options.prefix}${next}` };
         if (options['message-ids'] === 'yes') message.message_id = message.body; // --message-ids yes: id = body
+        if (options.property) message.application_properties = { [options.property]: `v${next % options.values}` };
         sender.send(message);
         next += 1;
         result.sent += 1;
