@@ -97,6 +97,8 @@ class QueueSettings:
     single_active_consumer: bool = False  # x-single-active-consumer
     dedup_window: int = 0  # x-dedup-window: seconds a message-id is remembered (0: no duplicate detection)
     lvq_key: str | None = None  # qpid.last_value_queue_key: the application property a new message replaces by
+    group_header: str | None = None  # qpid.group_header_key: the application property naming a message's group
+    shared_groups: bool = False  # qpid.shared_msg_group (as qpid-config sets it with --shared-groups)
     arguments: dict[str, Any] = field(default_factory=dict)
 
 

@@ -1,5 +1,5 @@
 """Queues that do more than FIFO: priorities, a delivery limit, a single active consumer, duplicate
-detection, last values (docs/queues.md).
+detection, last values, message groups (docs/queues.md).
 
 A plain queue (``queue.Queue``) pays nothing for these: each feature is a
 class that overrides the few ``Queue`` methods it changes, and the registry
@@ -46,6 +46,15 @@ restarted on its journal behave as the primary did:
   drops an older message the moment it holds a newer one of the same value,
   so no replaced message survives a failover, and a batch that arrives late
   is dropped if something newer is there already.
+- **Message groups** (``qpid.group_header_key``, ``qpid.shared_msg_group``):
+  the messages with the same value of application property HEADER (those
+  without it: the group ``qpid.no-group``) go to one consumer at a time, the
+  group's *owner*, from the delivery that gave it the group until it has
+  settled (or released, or lost with its link) every message of the group it
+  holds; then the group is free for whichever consumer is next.  Ownership is
+  state of the primary only, like consumers themselves: a backup holds the
+  same messages, nobody owns anything there, and after a failover groups start
+  free, owned again as consumers attach to the new primary.
 """
 
 from __future__ import annotations
@@ -54,7 +63,7 @@ import math
 import time
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from . import sections
 from .completion import Completion
@@ -484,18 +493,169 @@ class LastValueQueue(Queue):
         return described
 
 
+NO_GROUP = "qpid.no-group"
+"""The group of a message without the group header (qpidd's name; a header with this string value is the same group)."""
+_NO_GROUP_KEY = b"\xa1" + NO_GROUP.encode()  # sections.application_property_key of that string
+
+
+def group_name(key: bytes) -> str:
+    """A group's value, for people (``query``): the text of a string or symbol, the number of an integer."""
+    if key[:1] in (b"\xa1", b"\xa3"):
+        return key[1:].decode("utf-8", "replace")
+    if key[:1] == b"I":
+        return key[1:].decode("ascii", "replace")
+    if key[:1] == b"B":
+        return "true" if key == b"B1" else "false"
+    return "0x" + key.hex()
+
+
+def consumer_name(consumer: Consumer) -> str:
+    """Who a consumer is, for people: its connection's container id and its link's name, where it has them."""
+    link = getattr(consumer, "link", None)
+    try:
+        return f"{link.connection.remote_container or '?'}/{link.name}"  # type: ignore[union-attr]
+    except Exception:  # noqa: BLE001 - not a proton link (a test's consumer): its repr
+        return repr(consumer)
+
+
+class MessageGroupQueue(Queue):
+    """A group's messages go to one consumer at a time: the group's owner until it holds none of them.
+
+    ``owners`` maps a group (its value's key, ``sections.application_property_key``)
+    to [owner, how many of the group's messages the owner holds]; ``held``
+    maps each acquired message to its group.  A consumer takes the group of
+    the first free-group message it is given; a dispatch skips a message whose
+    group another consumer owns, or whose owner has no credit (or has
+    detached: its messages come back before the group is free).  Within a
+    group, messages go out in queue (id) order.
+    """
+
+    def __init__(self, name: str, settings: QueueSettings, object_uuid: str | None = None) -> None:
+        super().__init__(name, settings, object_uuid)
+        assert settings.group_header is not None  # queue_class picks this class only with one
+        self._group_header = settings.group_header.encode("utf-8", "surrogatepass")
+        self.owners: dict[bytes, list[Any]] = {}  # group key -> [owner consumer, messages of it the owner holds]
+        self.held: dict[int, bytes] = {}  # acquired msg_id -> its group key
+        self._freed = False  # a group became free: consumers waiting for it may get messages
+
+    def group_of(self, data: bytes) -> bytes:
+        key = sections.application_property_key(data, self._group_header)
+        return _NO_GROUP_KEY if key is None else key
+
+    def _dispatch_consumers(self, consumers: list[Consumer]) -> None:
+        owners, held, acquired = self.owners, self.held, self._acquired
+        ids, data = self._ids, self._data
+        index = self._head
+        skipped: int | None = None  # the id of the first available message passed over
+        ready = [c for c in consumers if c.credit > 0]
+        while ready and index < len(ids):
+            payload = data[index]
+            msg_id = ids[index]
+            if payload is None or msg_id in acquired:
+                index += 1
+                continue
+            key = self.group_of(payload)
+            owner = owners.get(key)
+            if owner is not None:
+                consumer = owner[0]
+                if consumer.credit <= 0 or consumer not in consumers:
+                    if skipped is None:
+                        skipped = msg_id
+                    index += 1
+                    continue
+            else:
+                count = len(consumers)
+                for step in range(count):
+                    consumer = consumers[(self._rr + step) % count]
+                    if consumer.credit > 0:
+                        self._rr = (self._rr + step + 1) % count
+                        break
+            if self._expires and self._expired(msg_id):
+                self._remove(index, "expired")
+                self.stats["expired"] += 1
+            else:
+                if owner is None:
+                    owner = owners[key] = [consumer, 0]
+                owner[1] += 1
+                held[msg_id] = key
+                acquired[msg_id] = consumer
+                for observer in self._acquisition_observers:
+                    observer.acquired(self, msg_id)
+                consumer.deliver(self, msg_id, payload, self._delivery_counts.get(msg_id, 0))
+                if consumer.credit <= 0:
+                    ready = [c for c in consumers if c.credit > 0]
+            if self._ids is not ids:  # compacted (an expiry, a pre-settled consumer's ack): find our place again
+                ids, data = self._ids, self._data
+                index = bisect_right(ids, msg_id)
+            else:
+                index += 1
+        self._head = index if skipped is None else min(index, bisect_left(self._ids, skipped))
+
+    def _unhold(self, msg_id: int) -> None:
+        key = self.held.pop(msg_id, None)
+        if key is None:
+            return
+        owner = self.owners.get(key)
+        if owner is not None:
+            owner[1] -= 1
+            if owner[1] <= 0:
+                del self.owners[key]
+                self._freed = True
+
+    def _remove(self, index: int, reason: str) -> bytes:
+        msg_id = self._ids[index]
+        payload = super()._remove(index, reason)
+        if self.held:
+            self._unhold(msg_id)
+        return payload
+
+    def _dispatch_freed(self) -> None:
+        if self._freed:
+            self._freed = False
+            if self.consumers:
+                self.dispatch()
+
+    def acknowledge(self, msg_id: int) -> None:
+        super().acknowledge(msg_id)
+        self._dispatch_freed()
+
+    def acknowledge_many(self, ids: Sequence[int]) -> None:
+        for msg_id in ids:
+            self._unhold(msg_id)
+        super().acknowledge_many(ids)
+        self._dispatch_freed()
+
+    def release(self, msg_id: int, delivery_failed: bool) -> None:
+        if msg_id in self._acquired:
+            self._unhold(msg_id)  # before the message is back: a group now free goes to whoever is next
+        super().release(msg_id, delivery_failed)
+        self._dispatch_freed()
+
+    def groups(self) -> list[dict[str, Any]]:
+        """The groups owned now: each group's value, its owner and how many of its messages the owner holds."""
+        return [{"group": group_name(key), "consumer": consumer_name(owner), "acquired": count}
+                for key, (owner, count) in self.owners.items()]
+
+    def describe(self) -> dict[str, Any]:
+        described = super().describe()
+        described["group_header"] = self.settings.group_header
+        described["shared_groups"] = self.settings.shared_groups
+        described["groups"] = self.groups()
+        return described
+
+
 _CLASSES: dict[tuple[bool, ...], type[Queue]] = {}
 
 
 def queue_class(settings: QueueSettings) -> type[Queue]:
     """The class a queue with ``settings`` is made of: ``Queue`` itself unless it has a feature."""
-    key = (settings.dedup_window > 0, settings.lvq_key is not None, settings.single_active_consumer,
-           settings.delivery_limit > 0, settings.priorities > 0)
+    key = (settings.group_header is not None, settings.dedup_window > 0, settings.lvq_key is not None,
+           settings.single_active_consumer, settings.delivery_limit > 0, settings.priorities > 0)
     if not any(key):
         return Queue
     found = _CLASSES.get(key)
     if found is None:
-        kinds = (DedupQueue, LastValueQueue, SingleActiveConsumerQueue, DeliveryLimitQueue, PriorityQueue)
+        kinds = (MessageGroupQueue, DedupQueue, LastValueQueue, SingleActiveConsumerQueue, DeliveryLimitQueue, PriorityQueue)
         bases = tuple(cls for cls, wanted in zip(kinds, key) if wanted)
         found = bases[0] if len(bases) == 1 else type("".join(c.__name__[:-5] for c in bases) + "Queue", bases, {})
         _CLASSES[key] = found

@@ -39,6 +39,8 @@ DELIVERY_LIMIT = "x-delivery-limit"
 SINGLE_ACTIVE_CONSUMER = "x-single-active-consumer"
 DEDUP_WINDOW = "x-dedup-window"
 LVQ_KEY = "qpid.last_value_queue_key"
+GROUP_HEADER = "qpid.group_header_key"  # message groups (qpid-config --group-header, --shared-groups)
+SHARED_GROUPS = "qpid.shared_msg_group"
 MAX_LVQ_KEY = 255  # UTF-8 bytes of a last-value queue's key name
 MAX_DEDUP_WINDOW = 86_400  # seconds: a day of message-ids at most
 MAX_PRIORITIES = 10
@@ -121,6 +123,38 @@ def _lvq_key(arguments: dict[str, Any]) -> str | None:
     return value
 
 
+def _group_header(arguments: dict[str, Any]) -> str | None:
+    """A grouped queue's header: the name of an application property (1-255 UTF-8 bytes); absent: None."""
+    value = arguments.get(GROUP_HEADER)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value.encode("utf-8", "surrogatepass")) > MAX_LVQ_KEY:
+        raise InvalidArgument(f"{GROUP_HEADER} must be the name of an application property (1 to {MAX_LVQ_KEY} "
+                              f"bytes of text), got {value!r}")
+    return value
+
+
+def _shared_groups(arguments: dict[str, Any], header: str | None, priorities: int, single_active: bool) -> bool:
+    """``qpid.shared_msg_group`` (qpid-config sets 1): true, false, 1 or 0; checked against the other options."""
+    value = arguments.get(SHARED_GROUPS, False)
+    if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1):
+        value = bool(value)
+    elif isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+        value = value.strip().lower() in ("true", "1")
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{SHARED_GROUPS} must be true or false (or 1 or 0), got {value!r}")
+    if value and header is None:
+        raise InvalidArgument(f"{SHARED_GROUPS} needs {GROUP_HEADER}: shared groups of which header? "
+                              "(--shared-groups needs --group-header)")
+    if header is not None and priorities:
+        raise InvalidArgument(f"message groups ({GROUP_HEADER}) do not combine with {PRIORITIES}: "
+                              "a group's messages go in arrival order")
+    if header is not None and single_active:
+        raise InvalidArgument(f"message groups ({GROUP_HEADER}) do not combine with {SINGLE_ACTIVE_CONSUMER}: "
+                              "with one active consumer every group is already its")
+    return value
+
+
 def queue_settings(
     arguments: dict[str, Any] | None,
     *,
@@ -154,7 +188,10 @@ def queue_settings(
         single_active_consumer=_switch(args, SINGLE_ACTIVE_CONSUMER),
         dedup_window=_whole(args, DEDUP_WINDOW, 1, MAX_DEDUP_WINDOW),
         lvq_key=_lvq_key(args),
+        group_header=_group_header(args),
     )
+    settings.shared_groups = _shared_groups(args, settings.group_header, settings.priorities,
+                                            settings.single_active_consumer)
     args[REPLICATE] = settings.replicate  # the effective level travels with the object
     settings.arguments = args
     return settings
