@@ -16,7 +16,10 @@ every attempt** (``FixedBackoff``, 0.1 s: proton's default starts at 0 and
 doubles up to 10 s, which would measure the client's patience rather than
 the cluster's failover).  Optional ``heartbeat`` is proton's local idle
 timeout: a frozen (SIGSTOPped) node keeps its socket open, only a heartbeat
-notices.  A client hides nothing: every send, outcome, delivery and
+notices.  ``connect_timeout`` bounds each attempt at one URL
+(``hastandby.connect_timeout``): proton has no connect timeout, and a
+connect to a node behind a cut link waits minutes for the kernel instead of
+going on to the next URL.  A client hides nothing: every send, outcome, delivery and
 connection change is recorded, in memory and, given a ``HistoryWriter``, as
 a JSON line each (``{"t", "c": client name, "e": event, ...}``), which the
 nemesis checker reads.
@@ -103,9 +106,11 @@ from proton.handlers import IncomingMessageHandler, MessagingHandler
 from proton.reactor import Container
 
 from hastandby.client import Login
+from hastandby.connect_timeout import ConnectTimeout
 
 RECONNECT_DELAY = 0.1  # s before every reconnect attempt (each URL in turn)
 HEARTBEAT = 1.0  # s: the processes' local idle timeout (a silent, SIGSTOPped node is given up after this long)
+CONNECT_TIMEOUT = 2.0  # s an attempt at one URL may take to the node's open before the next URL is tried
 FORCED = "amqp:connection:forced"
 WINDOW = 100  # most unsettled messages per producer
 CREDIT = 100  # most outstanding consumer credit
@@ -174,13 +179,24 @@ class _Client(MessagingHandler):
     def __init__(self, urls: Iterable[str], address: str, name: str, heartbeat: float | None = None,
                  reconnect_delay: float = RECONNECT_DELAY, pinned: bool = False, time_limit: float = 60.0,
                  credentials: dict[str, Any] | None = None, history: HistoryWriter | None = None,
-                 tick: float = TICK, **handler: Any) -> None:
+                 tick: float = TICK, connect_timeout: float = CONNECT_TIMEOUT, proton_backoff: bool = False,
+                 keep_order: bool = False, **handler: Any) -> None:
+        """``connect_timeout``: seconds per attempt at one URL (0: none; a pinned client has none).
+
+        ``proton_backoff`` and ``keep_order`` make it a plain proton application
+        (``benchmarks/client_cut.py`` compares them): proton's own reconnect
+        delays instead of the fixed one, and the URL list left in its order.
+        """
         super().__init__(**handler)
+        if not pinned and connect_timeout > 0:
+            self.handlers.append(ConnectTimeout(connect_timeout))
         self.urls = list(urls)
         self.address = address
         self.name = name
         self.heartbeat = heartbeat
         self.reconnect_delay = reconnect_delay
+        self.proton_backoff = proton_backoff
+        self.keep_order = keep_order
         self.pinned = pinned  # one connection to the first URL, no reconnect, no idle timeout
         self.time_limit = time_limit
         self.credentials = credentials or {}  # proton connect arguments (user, password, ...)
@@ -306,7 +322,9 @@ class _Client(MessagingHandler):
         event.container.schedule(self.tick_interval, self)
 
     def _connect(self, container: Any) -> None:
-        reconnect = False if self.pinned else FixedBackoff(self.reconnect_delay)
+        # reconnect=None is proton's default: delays 0, 0.1, 0.2, ... 10 s per turn of the URL list, started
+        # afresh whenever a connection opens (an explicit proton Backoff object would never start afresh).
+        reconnect: Any = False if self.pinned else None if self.proton_backoff else FixedBackoff(self.reconnect_delay)
         self.connection = container.connect(urls=self.urls, reconnect=reconnect,
                                             heartbeat=None if self.pinned else self.heartbeat, **self.credentials)
         self.link = self.open_link(container)
@@ -350,7 +368,8 @@ class _Client(MessagingHandler):
                 self.connection.close()
 
     def on_connection_opened(self, event: Any) -> None:
-        """Note the node; move its URL to the end of proton's list (see the module docstring).
+        """Note the node; move its URL to the end of proton's list (see the module docstring), unless
+        ``keep_order``.
 
         proton's connector holds the list (``connection._overrides``, proton
         0.40) and reads it lazily, so this takes effect on the next loss.
@@ -359,7 +378,7 @@ class _Client(MessagingHandler):
         self._note("connected", self.url)
         connector = getattr(event.connection, "_overrides", None)
         urls = getattr(getattr(connector, "address", None), "values", None)
-        if urls:
+        if urls and not self.keep_order:
             index = next((i for i, url in enumerate(urls) if str(url) == self.url), None)
             if index is not None:
                 connector.address.values = urls[index + 1:] + urls[:index + 1]
@@ -810,7 +829,8 @@ class _Process:
         self.queue = args.queue
         self.options = dict(credentials=Login.from_environment().connect_options(), history=history,
                             heartbeat=args.heartbeat or None, reconnect_delay=args.reconnect_delay,
-                            time_limit=args.time_limit, tick=args.tick)
+                            time_limit=args.time_limit, tick=args.tick, connect_timeout=args.connect_timeout,
+                            proton_backoff=args.proton_backoff, keep_order=args.keep_order)
         self.window, self.credit = args.window, args.credit
         self.clients: dict[str, NumberedSender | NumberedReceiver] = {}
         self.finished = threading.Event()
@@ -820,8 +840,9 @@ class _Process:
         if not words:
             return
         verb, args = words[0], words[1:]
-        if verb == "producer":
-            self._add(NumberedSender(self.urls, self.queue, rate=float(args[1]), window=self.window,
+        if verb == "producer":  # URLS: its own comma-separated list instead of --urls (e.g. a virtual IP alone)
+            urls = args[2].split(",") if len(args) > 2 else self.urls
+            self._add(NumberedSender(urls, self.queue, rate=float(args[1]), window=self.window,
                                      durable=True, name=args[0], **self.options))
         elif verb == "pinned":
             self._add(NumberedSender([args[1]], self.queue, rate=float(args[2]) if len(args) > 2 else 0.0,
@@ -875,7 +896,8 @@ class _Process:
 def main(argv: Iterable[str] | None = None) -> int:
     """Clients in a process of their own, driven by commands on stdin, one per line.
 
-    ``producer NAME RATE``, ``pinned NAME URL [RATE]`` (one connection to URL,
+    ``producer NAME RATE [URLS]`` (URLS: its own comma-separated list instead
+    of ``--urls``), ``pinned NAME URL [RATE]`` (one connection to URL,
     no reconnect and no idle timeout: it stays connected to a frozen node),
     ``consumer NAME RATE`` (RATE 0: as fast as messages come), ``send NAME
     COUNT``, ``rate NAME RATE`` (``rate NAME 0``: no new numbers, in-doubt
@@ -900,6 +922,13 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="JSON file of every client's record, written at the end")
     parser.add_argument("--heartbeat", type=float, default=HEARTBEAT, help="local idle timeout, s (0: none)")
     parser.add_argument("--reconnect-delay", type=float, default=RECONNECT_DELAY)
+    parser.add_argument("--connect-timeout", type=float, default=CONNECT_TIMEOUT,
+                        help="s an attempt at one URL may take to the node's open (0: none)")
+    parser.add_argument("--proton-backoff", action="store_true",
+                        help="proton's default reconnect delays instead of --reconnect-delay before every attempt")
+    parser.add_argument("--keep-order", action="store_true",
+                        help="leave the URL list in its order (proton starts it again at its first URL after every "
+                             "open), as a plain application does, instead of moving the node that opened to its end")
     parser.add_argument("--window", type=int, default=WINDOW, help="most unsettled messages per producer")
     parser.add_argument("--credit", type=int, default=CREDIT, help="most outstanding credit per consumer")
     parser.add_argument("--tick", type=float, default=TICK, help="s between a client's rate and credit checks")

@@ -17,11 +17,13 @@ import click
 
 from .broker.registry import LEVELS
 from .client import Login, ManagementClient, ManagementError, read_password, redirected
+from .connect_timeout import CONNECT_TIMEOUT
 from .logs import FORMATS
 from .verify import verify as run_verify
 
 BROKER_HELP = "node to talk to, HOST:PORT"
 DEFAULT_BROKER = "127.0.0.1:5672"
+CONNECT_TIMEOUT_KEY = "hastandby.connect_timeout"  # where main keeps --connect-timeout (click's Context.meta)
 
 
 def _broker_option(fn: Any) -> Any:
@@ -35,8 +37,14 @@ def _login() -> Login:
     return login or Login.from_environment()
 
 
+def _connect_timeout() -> float:
+    """``--connect-timeout`` given to the ``hastandby`` command (see ``main``)."""
+    context = click.get_current_context(silent=True)
+    return float(context.meta.get(CONNECT_TIMEOUT_KEY, CONNECT_TIMEOUT)) if context is not None else CONNECT_TIMEOUT
+
+
 def _client(broker: str, timeout: float = 10.0) -> ManagementClient:
-    return ManagementClient(broker, timeout=timeout, login=_login())
+    return ManagementClient(broker, timeout=timeout, login=_login(), connect_timeout=_connect_timeout())
 
 
 def _request(broker: str, operation: str, type: str = "", name: str = "", body: dict[str, Any] | None = None) -> Any:
@@ -69,9 +77,13 @@ def _request_primary(broker: str, operation: str, body: dict[str, Any] | None = 
 @click.option("--ssl-ca-file", envvar="HASTANDBY_SSL_CA_FILE", help="CA to verify the node's TLS certificate with")
 @click.option("--ssl-cert-file", envvar="HASTANDBY_SSL_CERT_FILE", help="client certificate (EXTERNAL)")
 @click.option("--ssl-key-file", envvar="HASTANDBY_SSL_KEY_FILE", help="client certificate's key")
+@click.option("--connect-timeout", envvar="HASTANDBY_CONNECT_TIMEOUT", type=click.FloatRange(min=0.1),
+              default=CONNECT_TIMEOUT, show_default=True,
+              help="seconds a node has to answer a connect before it counts as unreachable (a node behind a cut "
+                   "link never answers) [env HASTANDBY_CONNECT_TIMEOUT]")
 @click.pass_context
 def main(context: click.Context, user: str | None, password_file: Path | None, ssl_ca_file: str | None,
-         ssl_cert_file: str | None, ssl_key_file: str | None) -> None:
+         ssl_cert_file: str | None, ssl_key_file: str | None, connect_timeout: float) -> None:
     """hastandby: a hot-standby AMQP 1.0 broker cluster.
 
     Node addresses (-b) are HOST:PORT, amqp://HOST:PORT or amqps://HOST:PORT (TLS).
@@ -82,12 +94,13 @@ def main(context: click.Context, user: str | None, password_file: Path | None, s
     except ManagementError as error:
         raise click.ClickException(str(error)) from None
     context.obj = Login(user, password, ssl_ca_file, ssl_cert_file, ssl_key_file)
+    context.meta[CONNECT_TIMEOUT_KEY] = connect_timeout
 
 
 # -- serve: how to reach etcd ---------------------------------------------------------
 
 import functools  # here, with the etcd options that use them
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -211,6 +224,16 @@ def _etcd_settings(endpoints: str | None, ca_file: str | None, cert_file: str | 
 @click.option("--supervise", is_flag=True,
               help="run the node as a child process: when it dies, revoke its etcd lease at once (a backup "
                    "takes over without waiting for the TTL) and start it again (docs/lifecycle.md)")
+@click.option("--virtual-ip", metavar="ADDRESS/PREFIX",
+              help="an address that follows the primary: added to --virtual-ip-interface while this node serves "
+                   "clients as primary and announced with gratuitous ARP, removed when it stops; needs "
+                   "CAP_NET_ADMIN and CAP_NET_RAW (docs/lifecycle.md section 14)")
+@click.option("--virtual-ip-interface", metavar="NAME", help="the interface that carries --virtual-ip")
+@click.option("--on-role-change", metavar="COMMAND",
+              help="run COMMAND ROLE CLUSTER TERM (HASTANDBY_ROLE, _CLUSTER, _TERM, _NODE_ID in its environment) "
+                   "on every role change, in order, off the reactor thread (docs/lifecycle.md section 14)")
+@click.option("--on-role-change-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              help="seconds one --on-role-change call may take; it is killed after that")
 def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, replicate: str | None,
           max_message_size: int, no_auto_create: bool, heartbeat: float | None, ha_cluster: bool,
           brokers_url: str, public_url: str | None, backup_timeout: float, client_redirect: bool,
@@ -220,7 +243,8 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
           ssl_cert_file: Path | None, ssl_key_file: Path | None, ssl_ca_file: Path | None,
           ssl_require_client_cert: bool, peer_user: str | None, peer_password_file: Path | None,
           memory_high_watermark: str | None, journal_sync: str, limits: tuple[str, ...], peer_tls: bool,
-          metrics_listen: str | None, supervise: bool) -> None:
+          metrics_listen: str | None, supervise: bool, virtual_ip: str | None, virtual_ip_interface: str | None,
+          on_role_change: str | None, on_role_change_timeout: float) -> None:
     """Run a node until SIGINT/SIGTERM.  --listen none: no plain listener (TLS only)."""
     from . import logs
     from .dr.service import DisasterRecovery, config_store
@@ -234,11 +258,13 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
     from .lifecycle.supervised import die_with_supervisor
 
     die_with_supervisor()
+    follower = _follow_primary_options(ha_cluster or bool(etcd), virtual_ip, virtual_ip_interface, on_role_change)
     if supervise:
         from .lifecycle.supervisor import Supervisor
 
         node_argv = [sys.executable, "-m", "hastandby", *(arg for arg in sys.argv[1:] if arg != "--supervise")]
-        sys.exit(Supervisor(node_argv, etcd).run())
+        # A dead node cannot remove its virtual IP; its supervisor, on the same host, can.
+        sys.exit(Supervisor(node_argv, etcd, after_exit=follower.remove if follower is not None else None).run())
     if etcd:
         ha_cluster = True
     if heartbeat is None:
@@ -273,6 +299,7 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
     )
     if not config.listen and not config.listen_tls:
         raise click.UsageError("--listen none needs --listen-tls")
+    closers: list[Callable[[], object]] = []
     try:
         node = Node(config)
         dr = DisasterRecovery(node, config_store(data_dir, etcd, cluster_name),
@@ -286,6 +313,7 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
                                        heartbeat=heartbeat, etcd=etcd, cluster=cluster_name, lease_ttl=lease_ttl,
                                        min_sync=min_sync))
             ha.on_serving.append(dr.set_serving)
+            closers = _attach_role_actions(ha, follower, on_role_change, cluster_name, on_role_change_timeout)
         else:
             node.on_start.append(lambda: dr.set_serving(True))
         if metrics_listen:
@@ -294,11 +322,60 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
                 serve_metrics(node, metrics_listen)
             except (OSError, ValueError) as error:
                 raise click.ClickException(f"cannot serve metrics on {metrics_listen}: {error}") from None
-        node.run()
+        try:
+            node.run()
+        finally:
+            for close in closers:  # after a graceful stop: the address removed, the last hook call run (bounded)
+                close()
     except (AclError, CredentialsError, TlsError) as error:
         raise click.ClickException(str(error)) from None
     except OSError as error:
         raise click.ClickException(f"cannot serve on {config.address}: {error}") from None
+
+
+def _follow_primary_options(clustered: bool, virtual_ip: str | None, interface: str | None,
+                            on_role_change: str | None) -> Any:
+    """Check --virtual-ip / --on-role-change before anything starts; the VirtualIp to manage, or None."""
+    if (virtual_ip or on_role_change) and not clustered:
+        raise click.UsageError("--virtual-ip and --on-role-change need --ha-cluster or --etcd")
+    if on_role_change:
+        from .lifecycle.role_hooks import RoleCommandError, parse_command
+
+        try:
+            parse_command(on_role_change)
+        except RoleCommandError as error:
+            raise click.BadParameter(str(error), param_hint="--on-role-change") from None
+    if bool(virtual_ip) != bool(interface):
+        raise click.UsageError("--virtual-ip and --virtual-ip-interface go together")
+    if not virtual_ip or not interface:
+        return None
+    from .lifecycle.virtual_ip import VirtualIp, VirtualIpError, check_setup, parse_address
+
+    try:
+        address = parse_address(virtual_ip)
+        check_setup(address, interface)
+    except VirtualIpError as error:
+        raise click.ClickException(str(error)) from None
+    return VirtualIp(address, interface)
+
+
+def _attach_role_actions(ha: Any, follower: Any, on_role_change: str | None, cluster_name: str,
+                         timeout: float) -> list[Callable[[], object]]:
+    """The virtual IP follows client service, the hook every role change; what to wait for at the end."""
+    closers: list[Callable[[], object]] = []
+    if follower is not None:
+        from .lifecycle.virtual_ip import COMMAND_TIMEOUT
+
+        follower.start()  # removes what a node killed as primary may have left here
+        ha.on_serving.append(follower.serving)
+        closers.append(lambda: follower.close(COMMAND_TIMEOUT + 1))
+    if on_role_change:
+        from .lifecycle.role_hooks import RoleCommand
+
+        command = RoleCommand(on_role_change, cluster_name, ha.node_id, timeout)
+        ha.on_role_change.append(command.role_changed)
+        closers.append(lambda: command.close(timeout + 1))
+    return closers
 
 
 def _parse_limits(pairs: tuple[str, ...]) -> Any:
@@ -339,6 +416,24 @@ def add() -> None:
 @click.option("--auto-delete-timeout", type=click.FloatRange(min=0), help="seconds to wait before auto-deleting")
 @click.option("--alternate-exchange", help="where rejected and unroutable messages go")
 @click.option("--durable", is_flag=True, help="keep the queue's definition across restarts")
+@click.option("--priorities", type=click.IntRange(1, 10),
+              help="priority levels, 1-10 (qpid.priorities): higher priority first, FIFO within a level")
+@click.option("--delivery-limit", type=click.IntRange(min=1),
+              help="failed deliveries before a message goes to the alternate exchange, or is dropped "
+                   "(x-delivery-limit)")
+@click.option("--single-active-consumer", is_flag=True,
+              help="one consumer receives, the others wait in attach order (x-single-active-consumer)")
+@click.option("--dedup-window", type=click.IntRange(1, 86_400), metavar="SECONDS",
+              help="a message whose message-id the queue took within SECONDS (1-86400) is accepted, not "
+                   "enqueued again (x-dedup-window)")
+@click.option("--lvq-key", metavar="KEY",
+              help="a last-value queue: a message replaces the older one with the same value of application "
+                   "property KEY (qpid.last_value_queue_key)")
+@click.option("--group-header", metavar="HEADER",
+              help="message groups: the messages with one value of application property HEADER go to one "
+                   "consumer at a time (qpid.group_header_key; without it: the group qpid.no-group)")
+@click.option("--shared-groups", is_flag=True,
+              help="with --group-header, as qpid-config names it (qpid.shared_msg_group)")
 @click.option("--argument", "extra", multiple=True, metavar="KEY=VALUE", help="any other queue argument")
 @click.option("--start-replica", metavar="SOURCE", help="then replicate it from SOURCE (see: hastandby replicate)")
 @click.option("--mode", type=click.Choice(["full", "enqueue"]), default="full", show_default=True,
@@ -346,11 +441,24 @@ def add() -> None:
 def add_queue(name: str, broker: str, replicate: str | None, max_count: int | None, max_size: int | None,
               policy: str | None, exclusive: bool, auto_delete: bool, auto_delete_timeout: float | None,
               alternate_exchange: str | None, durable: bool, extra: tuple[str, ...], start_replica: str | None,
-              mode: str) -> None:
-    """Create queue NAME."""
+              mode: str, priorities: int | None = None, delivery_limit: int | None = None,
+              single_active_consumer: bool = False, dedup_window: int | None = None,
+              lvq_key: str | None = None, group_header: str | None = None, shared_groups: bool = False) -> None:
+    """Create queue NAME (docs/queues.md: priorities, delivery limit, single active consumer, duplicate
+    detection, last-value queues, message groups)."""
+    if lvq_key is not None and not lvq_key:
+        raise click.BadParameter("must name an application property, not be empty", param_hint="'--lvq-key'")
+    if group_header is not None and not group_header:
+        raise click.BadParameter("must name an application property, not be empty", param_hint="'--group-header'")
+    if shared_groups and group_header is None:
+        raise click.BadParameter("needs --group-header (the groups of which header?)", param_hint="'--shared-groups'")
     arguments = _parse_arguments(extra)
     for key, value in (("qpid.replicate", replicate), ("qpid.max_count", max_count), ("qpid.max_size", max_size),
-                       ("qpid.policy_type", policy), ("qpid.auto_delete_timeout", auto_delete_timeout)):
+                       ("qpid.policy_type", policy), ("qpid.auto_delete_timeout", auto_delete_timeout),
+                       ("qpid.priorities", priorities), ("x-delivery-limit", delivery_limit),
+                       ("x-single-active-consumer", single_active_consumer or None),
+                       ("x-dedup-window", dedup_window), ("qpid.last_value_queue_key", lvq_key),
+                       ("qpid.group_header_key", group_header), ("qpid.shared_msg_group", shared_groups or None)):
         if value is not None:
             arguments[key] = value
     body = {"arguments": arguments, "exclusive": exclusive, "auto-delete": auto_delete, "durable": durable}
@@ -629,7 +737,7 @@ def verify(broker: str, as_json: bool, settle: float) -> None:
     bytes (see docs/lifecycle.md, section 9).  Run it after an incident.
     """
     try:
-        report = run_verify(broker, settle=settle, login=_login())
+        report = run_verify(broker, settle=settle, login=_login(), connect_timeout=_connect_timeout())
     except ManagementError as error:
         raise click.ClickException(str(error)) from None
     if as_json:
@@ -761,7 +869,7 @@ _PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True, "help
 BENCHMARKS = {"throughput": "benchmarks.throughput", "ha-throughput": "benchmarks.ha_throughput",
               "catchup": "benchmarks.catchup", "failover": "benchmarks.failover", "dr-lag": "benchmarks.dr_lag",
               "nemesis": "benchmarks.nemesis",
-              "security": "benchmarks.security",
+              "security": "benchmarks.security", "auth-flood": "benchmarks.auth_flood",
               "overload": "benchmarks.overload", "durable": "benchmarks.durable",
               "journal-cost": "benchmarks.journal_cost"}
 
@@ -815,18 +923,50 @@ _CLUSTER_DIR = click.option("--dir", "directory", type=click.Path(file_okay=Fals
 @click.option("--etcd-port", type=click.IntRange(1, 65000), default=2379, show_default=True)
 @click.option("--lease-ttl", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--foreground", is_flag=True, help="stay until Ctrl-C, then stop everything")
+@click.option("--on-role-change", metavar="COMMAND", help="every node's serve --on-role-change")
+@click.option("--virtual-ip", metavar="ADDRESS/PREFIX",
+              help="every node's serve --virtual-ip (the nodes share this host: for trying it out only)")
+@click.option("--virtual-ip-interface", metavar="NAME", help="every node's serve --virtual-ip-interface")
 def cluster_up(directory: Path, nodes: int, base_port: int, etcd_port: int, lease_ttl: int,
-               foreground: bool) -> None:
-    """Start etcd and the nodes; print their URLs and states."""
+               foreground: bool, on_role_change: str | None, virtual_ip: str | None,
+               virtual_ip_interface: str | None) -> None:
+    """Start etcd and the nodes (each under serve --supervise); print their URLs, states and PIDs."""
+    from . import local_cluster
+
+    # In the foreground, what this command starts it stops: on Ctrl-C, on SIGTERM (timeout, a service
+    # manager, a container stop), and when the start fails half way; never a cluster that was already running.
+    ours = foreground and not local_cluster.running(directory)
+    if ours:
+        signal.signal(signal.SIGTERM, _interrupt)
+    serve_args = [*(("--on-role-change", on_role_change) if on_role_change else ()),
+                  *(("--virtual-ip", virtual_ip) if virtual_ip else ()),
+                  *(("--virtual-ip-interface", virtual_ip_interface) if virtual_ip_interface else ())]
+    try:
+        _start_local_cluster(directory, nodes, base_port, etcd_port, lease_ttl, foreground, serve_args)
+        while foreground:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        if not foreground:
+            raise
+    finally:
+        if ours:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut the stop short
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            if (directory / local_cluster.STATE_FILE).exists():
+                _stop_local_cluster(directory)
+
+
+def _start_local_cluster(directory: Path, nodes: int, base_port: int, etcd_port: int, lease_ttl: int,
+                         foreground: bool, serve_args: Sequence[str] = ()) -> None:
     from . import local_cluster
 
     try:
-        state = local_cluster.up(directory, nodes, base_port, etcd_port, lease_ttl)
+        state = local_cluster.up(directory, nodes, base_port, etcd_port, lease_ttl, serve_args=serve_args)
     except local_cluster.ClusterError as error:
         raise click.ClickException(str(error)) from None
     click.echo(f"etcd   {state['etcd']['url']}")
-    for name, address, node_state in local_cluster.status(directory):
-        click.echo(f"{name}  amqp://{address}  {node_state}")
+    for view in local_cluster.status(directory):
+        click.echo(_node_line(view))
     urls = ",".join(f"amqp://{n['address']}" for n in state["nodes"])
     click.echo(f"clients: connect with the URL list {urls}")
     admin_password = local_cluster.password_file(directory, local_cluster.ADMIN)
@@ -834,21 +974,26 @@ def cluster_up(directory: Path, nodes: int, base_port: int, etcd_port: int, leas
                f"  export HASTANDBY_USER=admin HASTANDBY_PASSWORD_FILE={admin_password}\n"
                f"  clients: amqp://admin:$(cat {admin_password})@{state['nodes'][0]['address']}, or add users: "
                f"hastandby user add NAME -b {state['nodes'][0]['address']}")
-    if not foreground:
-        click.echo(f"stop with: hastandby cluster down --dir {directory}")
-        return
-    click.echo("Ctrl-C (or SIGTERM) stops the cluster")
-    # SIGTERM (timeout, a service manager, a container stop) stops it as Ctrl-C does.
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        while True:
-            time.sleep(1)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        local_cluster.down(directory)
-        click.echo("cluster stopped")
+    click.echo("kill -9 a broker pid: its supervisor starts it again, back as a backup; kill -9 a supervisor "
+               "pid: the whole node is gone (a host crash)")
+    click.echo("Ctrl-C (or SIGTERM) stops the cluster" if foreground
+               else f"stop with: hastandby cluster down --dir {directory}")
+
+
+def _node_line(view: Any) -> str:
+    """One node of ``cluster up`` / ``cluster status``: name, URL, state, and the PIDs to kill -9."""
+    pids = [f"supervisor {view.supervisor}"] if view.supervisor is not None else []
+    pids += [f"broker {view.broker}"] if view.broker is not None else []
+    return f"{view.name}  amqp://{view.address}  {view.state}" + (f"  pid {', '.join(pids)}" if pids else "")
+
+
+def _stop_local_cluster(directory: Path) -> None:
+    from . import local_cluster
+
+    killed = local_cluster.down(directory)
+    if killed:
+        click.echo(f"killed (did not stop in time): {', '.join(killed)}")
+    click.echo("cluster stopped")
 
 
 def _interrupt(*_: object) -> None:
@@ -858,12 +1003,12 @@ def _interrupt(*_: object) -> None:
 @cluster.command("status")
 @_CLUSTER_DIR
 def cluster_status(directory: Path) -> None:
-    """Print every node's URL and state."""
+    """Print every node's URL, state and PIDs (its supervisor's, its broker process's)."""
     from . import local_cluster
 
     try:
-        for name, address, node_state in local_cluster.status(directory):
-            click.echo(f"{name}  amqp://{address}  {node_state}")
+        for view in local_cluster.status(directory):
+            click.echo(_node_line(view))
     except local_cluster.ClusterError as error:
         raise click.ClickException(str(error)) from None
 
@@ -871,14 +1016,13 @@ def cluster_status(directory: Path) -> None:
 @cluster.command("down")
 @_CLUSTER_DIR
 def cluster_down(directory: Path) -> None:
-    """Stop the nodes, then etcd."""
+    """Stop the nodes together, then etcd (SIGTERM; SIGKILL for what has not stopped within seconds)."""
     from . import local_cluster
 
     try:
-        local_cluster.down(directory)
+        _stop_local_cluster(directory)
     except local_cluster.ClusterError as error:
         raise click.ClickException(str(error)) from None
-    click.echo("cluster stopped")
 
 
 if __name__ == "__main__":

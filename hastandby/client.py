@@ -28,6 +28,7 @@ from proton import ConnectionException, Message, ProtonException, SSLDomain, Tim
 from proton.utils import BlockingConnection, SyncRequestResponse
 
 from .broker.management import ADDRESS
+from .connect_timeout import CONNECT_TIMEOUT
 from .replication.codec import ADMIN_PROPERTY
 
 NOTHING_LISTENING = "cannot connect (nothing listening?)"
@@ -128,23 +129,36 @@ class ManagementError(Exception):
 
 
 class ManagementClient:
-    """A connection to one node's ``$management`` address."""
+    """A connection to one node's ``$management`` address.
 
-    def __init__(self, broker: str, timeout: float = 10.0, admin: bool = True, login: Login | None = None) -> None:
+    ``connect_timeout`` bounds the connect (to the node's AMQP open), which a
+    node behind a cut link never answers, and ``timeout`` each request after
+    it; the connect waits at most the smaller of the two, so a caller's short
+    ``timeout`` holds for the whole exchange.
+    """
+
+    def __init__(self, broker: str, timeout: float = 10.0, admin: bool = True, login: Login | None = None,
+                 connect_timeout: float = CONNECT_TIMEOUT) -> None:
         self.broker = broker
         properties = {ADMIN_PROPERTY: True} if admin else None
         url, login = (login or Login.from_environment()).for_broker(broker)
+        connect_bound = min(timeout, connect_timeout)
         try:
-            self._connection = BlockingConnection(url, timeout=timeout, properties=properties,
+            self._connection = BlockingConnection(url, timeout=connect_bound, properties=properties,
                                                   **login.connect_options(urlsplit(url).hostname or ""))
-            self._rpc = SyncRequestResponse(self._connection, ADDRESS)
-        except ConnectionException as error:
-            reason = _condition(error)
-            raise ManagementError(f"{broker}: {reason}", unreachable=reason == NOTHING_LISTENING) from None
         except Timeout:
+            raise ManagementError(f"{broker}: no answer to connect within {connect_bound:g} s") from None
+        except (ProtonException, OSError) as error:
+            raise _connect_error(broker, error) from None
+        self._connection.timeout = timeout  # every wait from here on: the link attaches, each request
+        try:
+            self._rpc = SyncRequestResponse(self._connection, ADDRESS)
+        except Timeout:
+            self.close()
             raise ManagementError(f"{broker}: no answer within {timeout:g} s") from None
         except (ProtonException, OSError) as error:
-            raise ManagementError(f"{broker}: cannot connect: {error}") from None
+            self.close()
+            raise _connect_error(broker, error) from None
 
     def request(self, operation: str, type: str = "", name: str = "", body: dict[str, Any] | None = None) -> Any:
         """Send one request; return the reply body or raise ManagementError."""
@@ -176,6 +190,13 @@ class ManagementClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _connect_error(broker: str, error: Exception) -> ManagementError:
+    if isinstance(error, ConnectionException):
+        reason = _condition(error)
+        return ManagementError(f"{broker}: {reason}", unreachable=reason == NOTHING_LISTENING)
+    return ManagementError(f"{broker}: cannot connect: {error}")
 
 
 def _condition(error: Exception) -> str:

@@ -1,10 +1,15 @@
 """A local cluster for trying hastandby out: a real etcd plus N nodes on loopback.
 
 ``hastandby cluster up`` starts them as background processes under a state
-directory (logs, data dirs, pids in ``cluster.json``), waits until etcd has
-elected a primary and the others are backups, and prints their URLs.
-``cluster status`` asks every node; ``cluster down`` stops the nodes, then
-etcd, each by its PID (SIGTERM, then SIGKILL after a grace period).
+directory (logs, data dirs, PIDs in ``cluster.json``), waits until etcd has
+elected a primary and the others are backups, and prints their URLs.  Each
+node runs as in production, under ``serve --supervise``
+(``lifecycle/supervisor.py``): a broker process that dies has its lease
+revoked at once and is started again, and comes back as a backup.
+``cluster status`` asks every node (its state, its supervisor's and its
+broker process's PIDs); ``cluster down`` stops the nodes together, then etcd,
+by PID (``local_processes.py``: SIGTERM, one deadline, SIGKILL for what is
+left).
 
 Authentication is on, as everywhere: the first ``up`` makes a users file in
 the state directory with ``admin`` (group admin) and ``peer`` (group
@@ -18,20 +23,27 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .client import Login, ManagementClient, ManagementError, read_password
+from .local_processes import Started, alive, spawn, stop_all
 from .security.credentials import Credentials
 
 STATE_FILE = "cluster.json"
 USERS_FILE = "users.json"
 ADMIN, PEER = "admin", "peer"
+STATUS_TIMEOUT = 2.0  # seconds for one node's status (connect included): a node that takes longer is unreachable
+NODE_GRACE = 6.0
+"""Seconds the nodes have, together, to stop after SIGTERM before they are killed: a graceful stop (the
+node revokes its lease and closes its connections and journal, its supervisor revokes what is left)
+takes well under one."""
+ETCD_GRACE = 2.0  # seconds etcd has to stop after the nodes
 
 
 def password_file(directory: Path, user: str) -> Path:
@@ -81,50 +93,40 @@ def port_free(port: int) -> bool:
     return True
 
 
-def _spawn(argv: list[str], log: Path) -> int:
-    with open(log, "ab") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)
-    return process.pid
+@dataclass(frozen=True)
+class NodeView:
+    """A node as ``cluster status`` shows it."""
+
+    name: str
+    address: str
+    state: str  # its state (and detail), "unreachable" (not answering: e.g. being restarted) or "stopped"
+    supervisor: int | None  # PID of its ``serve --supervise`` process; None when stopped
+    broker: int | None  # PID of the broker process under it, when the node answers
 
 
-def alive(pid: int) -> bool:
+def _ask_status(address: str, login: Login) -> dict[str, Any] | None:
+    """The node's STATUS reply, or None if it does not answer within STATUS_TIMEOUT."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie of ours is not alive
-        return not open(f"/proc/{pid}/stat").read().split()[2] == "Z"
-    except OSError:
-        return True
-
-
-def _stop(pid: int, grace: float = 10.0) -> None:
-    if not alive(pid):
-        return
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if not alive(pid):
-            return
-        time.sleep(0.1)
-    os.kill(pid, signal.SIGKILL)
-
-
-def node_state(address: str, login: Login) -> str:
-    try:
-        with ManagementClient(address, timeout=2, login=login) as client:
-            status = client.request("STATUS")
+        with ManagementClient(address, timeout=STATUS_TIMEOUT, login=login) as client:
+            return dict(client.request("STATUS"))
     except ManagementError:
+        return None
+
+
+def _state_words(status: dict[str, Any] | None) -> str:
+    if status is None:
         return "unreachable"
-    return status["state"] + (f" ({status['detail']})" if status.get("detail") else "")
+    return str(status["state"]) + (f" ({status['detail']})" if status.get("detail") else "")
 
 
 def up(directory: Path, nodes: int = 3, base_port: int = 5672, etcd_port: int = 2379,
-       lease_ttl: int = 2, timeout: float = 60.0) -> dict[str, Any]:
-    """Start etcd and ``nodes`` nodes; returns the state written to ``cluster.json``."""
+       lease_ttl: int = 2, timeout: float = 60.0, serve_args: Sequence[str] = ()) -> dict[str, Any]:
+    """Start etcd and ``nodes`` nodes; returns the state written to ``cluster.json``.
+
+    ``serve_args`` go to every node's ``serve`` (e.g. ``--on-role-change``, ``--virtual-ip``).
+    """
     directory = directory.resolve()
-    if (directory / STATE_FILE).exists() and any(alive(p) for p in _pids(load(directory))):
+    if running(directory):
         raise ClusterError(f"a cluster is already running from {directory} (hastandby cluster down)")
     etcd = shutil.which("etcd")
     if etcd is None:
@@ -138,25 +140,25 @@ def up(directory: Path, nodes: int = 3, base_port: int = 5672, etcd_port: int = 
     etcd_url = f"http://127.0.0.1:{etcd_port}"
     state: dict[str, Any] = {"directory": str(directory), "etcd": {"url": etcd_url}, "nodes": []}
     shutil.rmtree(directory / "etcd-data", ignore_errors=True)
-    state["etcd"]["pid"] = _spawn([
+    state["etcd"].update(spawn([
         etcd, "--name", "hastandby-local", "--data-dir", str(directory / "etcd-data"),
         "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
         "--listen-peer-urls", f"http://127.0.0.1:{etcd_port + 1}",
         "--initial-advertise-peer-urls", f"http://127.0.0.1:{etcd_port + 1}",
         "--initial-cluster", f"hastandby-local=http://127.0.0.1:{etcd_port + 1}",
-    ], directory / "etcd.log")
+    ], directory / "etcd.log").as_dict())
     save(directory, state)
     _wait_port(etcd_port, timeout, "etcd")
     brokers = ",".join(f"127.0.0.1:{p}" for p in ports)
     for index, port in enumerate(ports, start=1):
         name = f"node{index}"
-        argv = [sys.executable, "-m", "hastandby", "serve", "--listen", f"127.0.0.1:{port}",
+        argv = [sys.executable, "-m", "hastandby", "serve", "--supervise", "--listen", f"127.0.0.1:{port}",
                 "--etcd", etcd_url, "--cluster", "local", "--node-id", name, "--brokers-url", brokers,
                 "--lease-ttl", str(lease_ttl), "--data-dir", str(directory / name),
                 "--no-allow-anonymous", "--users-file", str(_node_users(directory, name)),
-                "--peer-user", PEER, "--peer-password-file", str(password_file(directory, PEER))]
-        pid = _spawn(argv, directory / f"{name}.log")
-        state["nodes"].append({"name": name, "address": f"127.0.0.1:{port}", "pid": pid})
+                "--peer-user", PEER, "--peer-password-file", str(password_file(directory, PEER)), *serve_args]
+        started = spawn(argv, directory / f"{name}.log")
+        state["nodes"].append({"name": name, "address": f"127.0.0.1:{port}", **started.as_dict()})
         save(directory, state)
     _wait_roles(state, admin_login(directory), timeout)
     return state
@@ -177,7 +179,7 @@ def _wait_roles(state: dict[str, Any], login: Login, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     states: list[str] = []
     while time.monotonic() < deadline:
-        states = [node_state(n["address"], login) for n in state["nodes"]]
+        states = [_state_words(_ask_status(n["address"], login)) for n in state["nodes"]]
         primaries = [s for s in states if s.startswith("primary")]
         if len(primaries) == 1 and all(s.startswith(("primary", "backup")) for s in states):
             return
@@ -196,20 +198,37 @@ def load(directory: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def _pids(state: dict[str, Any]) -> list[int]:
-    return [n["pid"] for n in state.get("nodes", [])] + ([state["etcd"]["pid"]] if "pid" in state.get("etcd", {}) else [])
-
-
-def status(directory: Path) -> list[tuple[str, str, str]]:
-    state, login = load(directory), admin_login(directory)
-    return [(n["name"], n["address"], node_state(n["address"], login) if alive(n["pid"]) else "stopped")
-            for n in state["nodes"]]
-
-
-def down(directory: Path) -> None:
+def running(directory: Path) -> bool:
+    """Is a process of a cluster started from ``directory`` still running?"""
+    if not (directory.resolve() / STATE_FILE).exists():
+        return False
     state = load(directory)
+    records = state.get("nodes", []) + ([state["etcd"]] if "pid" in state.get("etcd", {}) else [])
+    return any(alive(Started.from_record(record)) for record in records)
+
+
+def status(directory: Path) -> list[NodeView]:
+    state, login = load(directory), admin_login(directory)
+    views = []
     for node in state["nodes"]:
-        _stop(node["pid"])
-    if "pid" in state["etcd"]:
-        _stop(state["etcd"]["pid"])
+        process = Started.from_record(node)
+        if not alive(process):
+            views.append(NodeView(node["name"], node["address"], "stopped", None, None))
+            continue
+        reply = _ask_status(node["address"], login)
+        views.append(NodeView(node["name"], node["address"], _state_words(reply), process.pid,
+                              reply.get("pid") if reply is not None else None))
+    return views
+
+
+def down(directory: Path) -> list[str]:
+    """Stop the nodes together, then etcd (the nodes revoke their leases in it on the way out); returns the
+    names of those that did not stop in time and were killed."""
+    state = load(directory)
+    nodes = {node["name"]: Started.from_record(node) for node in state["nodes"]}
+    killed = stop_all(nodes.values(), NODE_GRACE)
+    names = [name for name, process in nodes.items() if process in killed]
+    if "pid" in state["etcd"] and stop_all([Started.from_record(state["etcd"])], ETCD_GRACE):
+        names.append("etcd")
     (directory.resolve() / STATE_FILE).unlink()
+    return names

@@ -25,6 +25,7 @@ from typing import Any
 
 from .broker.management import IDS_PAGE
 from .client import Login, ManagementClient, ManagementError
+from .connect_timeout import CONNECT_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -125,9 +126,10 @@ def read_copy(client: ManagementClient, queue: str, page: int = IDS_PAGE) -> Cop
         after = int(reply["messages"][-1][0])
 
 
-def find_primary(broker: str, timeout: float = 5.0, login: Login | None = None) -> str:
+def find_primary(broker: str, timeout: float = 5.0, login: Login | None = None,
+                 connect_timeout: float = CONNECT_TIMEOUT) -> str:
     """HOST:PORT of the primary, asking ``broker`` (the primary itself, or a backup that follows one)."""
-    with ManagementClient(broker, timeout=timeout, login=login) as client:
+    with ManagementClient(broker, timeout=timeout, login=login, connect_timeout=connect_timeout) as client:
         status = client.request("STATUS")
     if status.get("state") == "primary":
         return broker
@@ -138,10 +140,18 @@ def find_primary(broker: str, timeout: float = 5.0, login: Login | None = None) 
 
 
 def verify(broker: str, settle: float = 1.0, page: int = IDS_PAGE, timeout: float = 10.0,
-           login: Login | None = None) -> Report:
-    """Compare every ``all`` queue of the primary with every ready backup's copy."""
-    primary = find_primary(broker, timeout, login)
-    with ManagementClient(primary, timeout=timeout, login=login) as client:
+           login: Login | None = None, connect_timeout: float = CONNECT_TIMEOUT) -> Report:
+    """Compare every ``all`` queue of the primary with every ready backup's copy.
+
+    Each node has ``connect_timeout`` s to answer a connect: a backup behind a
+    cut link fails the run after that, with its address, instead of holding it.
+    """
+    primary = find_primary(broker, timeout, login, connect_timeout)
+
+    def connect(address: str) -> ManagementClient:
+        return ManagementClient(address, timeout=timeout, login=login, connect_timeout=connect_timeout)
+
+    with connect(primary) as client:
         query = client.request("QUERY")
     queues = sorted(q["name"] for q in query.get("queues", []) if q.get("replicate") == "all")
     members = (query.get("ha") or {}).get("members", [])
@@ -150,10 +160,10 @@ def verify(broker: str, settle: float = 1.0, page: int = IDS_PAGE, timeout: floa
 
     def differences() -> list[Difference]:
         found: list[Difference] = []
-        with ManagementClient(primary, timeout=timeout, login=login) as source:
+        with connect(primary) as source:
             originals = {queue: read_copy(source, queue, page) for queue in queues}
         for backup in backups:
-            with ManagementClient(backup, timeout=timeout, login=login) as client:
+            with connect(backup) as client:
                 for queue in queues:
                     try:
                         copy = read_copy(client, queue, page)
