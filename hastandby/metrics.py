@@ -194,6 +194,7 @@ def families(snapshot: Snapshot | None, waited: float = 0.0, timeouts: int = 0,
         result += _queues(snapshot.query)
         result += _memory(snapshot.query.get("memory") or snapshot.status.get("memory") or {})
         result += _journal(snapshot.status.get("journal"))
+        result += _logins(snapshot.status.get("logins"))
         result += _replication(snapshot.query.get("ha") or {})
         result += _dr(snapshot.query.get("replication") or snapshot.status.get("replication") or {})
     return [family for family in result if family is not None]
@@ -236,6 +237,9 @@ _QUEUE_COUNTERS = {
     "expired": "messages whose TTL ran out on the queue",
     "ring_dropped": "messages a ring queue dropped to make room",
     "rejected": "messages the queue refused (full, reject policy)",
+    "dead_lettered": "messages that reached the queue's delivery limit (to its alternate exchange, or dropped)",
+    "deduplicated": "messages accepted but not enqueued: the queue took their message-id within its dedup window",
+    "replaced": "messages a newer one with the same last-value key replaced (a last-value queue)",
 }
 
 
@@ -297,6 +301,27 @@ def _journal(journal: dict[str, Any] | None) -> Iterator[Metric | None]:
                       ("compactions", "journal compactions")):
         if _is_number(journal.get(stat)):
             yield CounterMetricFamily(_name(f"journal_{stat}"), doc, value=journal[stat])
+
+
+def _logins(logins: dict[str, Any] | None) -> Iterator[Metric | None]:
+    """Connections that have not authenticated, and what they cost (``security/logins.py``, docs/limits.md)."""
+    if not logins:
+        return
+    yield _gauge("handshakes", "accepted connections still in TLS and SASL", logins.get("handshakes"))
+    yield _gauge("throttled_sources", "source addresses whose connections wait after failed logins",
+                 logins.get("throttled_sources"))
+    yield _gauge("login_checks", "password checks and TLS handshake steps on the login pool or waiting for it",
+                 logins.get("login_checks"))
+    for stat, suffix, doc in (
+            ("failed", "failed_logins", "logins refused for wrong credentials (wrong password, unknown user)"),
+            ("held", "logins_held", "connections held unread for their source's delay (failed logins, TLS rate)"),
+            ("busy", "logins_busy", "logins refused because the login pool was full (limit login_checks)")):
+        if _is_number(logins.get(stat)):
+            yield CounterMetricFamily(_name(suffix), doc, value=logins[stat])
+    refused = _counters("handshakes_refused", "sockets closed at accept, by the limit they met", ["limit"])
+    for limit, count in (logins.get("refused_at_accept") or {}).items():
+        refused.add([limit], count)
+    yield refused.family
 
 
 def _replication(ha: dict[str, Any]) -> Iterator[Metric | None]:

@@ -28,13 +28,17 @@ STATUS: dict[str, Any] = {
     "journal": {"sync": "batch", "term": 4, "writing": True, "error": None, "recovered_messages": 0,
                 "clean_shutdown": True, "file_bytes": 4096, "messages": 10, "writes": 3, "fsyncs": 2,
                 "bytes_written": 5000, "compactions": 0},
+    "logins": {"failed": 12, "throttled_sources": 1, "held": 30, "busy": 0, "login_checks": 2, "cached": 3,
+               "refused_at_accept": {"handshakes_per_source": 7}, "handshakes": 4},
 }
 QUERY: dict[str, Any] = {
     "queues": [
         {"name": "orders", "depth": 7, "bytes": 700, "acquired": 2, "consumers": 1,
-         "stats": {"enqueued": 10, "dequeued": 3, "expired": 0, "ring_dropped": 0, "rejected": 1}},
+         "stats": {"enqueued": 10, "dequeued": 3, "expired": 0, "ring_dropped": 0, "rejected": 1,
+                   "dead_lettered": 2, "deduplicated": 3, "replaced": 4}},
         {"name": "empty", "depth": 0, "bytes": 0, "acquired": 0, "consumers": 0,
-         "stats": {"enqueued": 0, "dequeued": 0, "expired": 0, "ring_dropped": 0, "rejected": 0}},
+         "stats": {"enqueued": 0, "dequeued": 0, "expired": 0, "ring_dropped": 0, "rejected": 0,
+                   "dead_lettered": 0, "deduplicated": 0, "replaced": 0}},
     ],
     "exchanges": [{"name": "amq.topic", "routed": 5, "dropped": 1}],
     "bindings": [],
@@ -123,6 +127,11 @@ def test_a_primary_snapshot_becomes_every_metric():
     assert value("hastandby_memory_peer_alarm", peer="n3") == 1
     assert value("hastandby_journal_writing") == 1
     assert value("hastandby_journal_bytes_written_total") == 5000
+    assert value("hastandby_failed_logins_total") == 12
+    assert value("hastandby_throttled_sources") == 1
+    assert value("hastandby_handshakes") == 4
+    assert value("hastandby_logins_held_total") == 30
+    assert value("hastandby_handshakes_refused_total", limit="handshakes_per_source") == 7
     assert value("hastandby_dr_source_lag_messages", queue="orders", replica="dr1:5672", mode="full") == 2
     assert value("hastandby_dr_source_lag_seconds", queue="audit", replica="", mode="enqueue") == 9.5
     assert value("hastandby_dr_source_overflow_messages", queue="audit", replica="", mode="enqueue") == 3
