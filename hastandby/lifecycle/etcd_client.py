@@ -67,11 +67,19 @@ Metadata = tuple[tuple[str, str], ...] | None
 
 DEFAULT_PORT = 2379
 # gRPC's default reconnect backoff grows to 120 s; after an etcd outage the
-# node must see etcd again within about a second.
+# node must see etcd again within about a second.  After a long network cut
+# the channel kept its stalled TCP connection, waiting out TCP's
+# retransmission back-off (a backup timed out on etcd for 85 s after the
+# heal, holding a min-sync primary's acknowledgements meanwhile): keepalive
+# pings find such a connection dead and reconnect.  The interval stays above
+# etcd's --grpc-keepalive-min-time (5 s), which answers more frequent pings
+# with GOAWAY.
 GRPC_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 3_000),
 ]
 _UNAVAILABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
