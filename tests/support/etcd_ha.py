@@ -87,6 +87,14 @@ class EtcdHa(NodeGroup):
             time.sleep(0.1)
         raise AssertionError(f"cluster did not settle in {timeout} s: {dict(zip(among, states))}")
 
+    def wait_replicating(self, timeout: float = 20.0) -> int:
+        """Wait until one node is primary and every other follows it as a backup; the primary's index."""
+        primary = self.wait_settled(timeout=timeout)
+        for index in range(len(self)):
+            if index != primary:
+                self.wait_following(index, primary, timeout=timeout)
+        return primary
+
     def wait_new_primary(self, among: list[int], timeout: float) -> tuple[int, float]:
         """Poll ``among`` until one is primary: (its index, monotonic time it was first seen)."""
         deadline = time.monotonic() + timeout
