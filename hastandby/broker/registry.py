@@ -112,24 +112,14 @@ def _switch(arguments: dict[str, Any], key: str) -> bool:
     raise InvalidArgument(f"{key} must be true or false, got {value!r}")
 
 
-def _lvq_key(arguments: dict[str, Any]) -> str | None:
-    """A last-value queue's key: the name of an application property (1-255 UTF-8 bytes); absent: None."""
-    value = arguments.get(LVQ_KEY)
+def _property_name(arguments: dict[str, Any], key: str) -> str | None:
+    """An argument naming an application property (a last-value key, a group header): 1-255 UTF-8 bytes;
+    absent: None."""
+    value = arguments.get(key)
     if value is None:
         return None
     if not isinstance(value, str) or not value or len(value.encode("utf-8", "surrogatepass")) > MAX_LVQ_KEY:
-        raise InvalidArgument(f"{LVQ_KEY} must be the name of an application property (1 to {MAX_LVQ_KEY} "
-                              f"bytes of text), got {value!r}")
-    return value
-
-
-def _group_header(arguments: dict[str, Any]) -> str | None:
-    """A grouped queue's header: the name of an application property (1-255 UTF-8 bytes); absent: None."""
-    value = arguments.get(GROUP_HEADER)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value or len(value.encode("utf-8", "surrogatepass")) > MAX_LVQ_KEY:
-        raise InvalidArgument(f"{GROUP_HEADER} must be the name of an application property (1 to {MAX_LVQ_KEY} "
+        raise InvalidArgument(f"{key} must be the name of an application property (1 to {MAX_LVQ_KEY} "
                               f"bytes of text), got {value!r}")
     return value
 
@@ -187,8 +177,8 @@ def queue_settings(
         delivery_limit=_whole(args, DELIVERY_LIMIT, 1, MAX_DELIVERY_LIMIT),
         single_active_consumer=_switch(args, SINGLE_ACTIVE_CONSUMER),
         dedup_window=_whole(args, DEDUP_WINDOW, 1, MAX_DEDUP_WINDOW),
-        lvq_key=_lvq_key(args),
-        group_header=_group_header(args),
+        lvq_key=_property_name(args, LVQ_KEY),
+        group_header=_property_name(args, GROUP_HEADER),
     )
     settings.shared_groups = _shared_groups(args, settings.group_header, settings.priorities,
                                             settings.single_active_consumer)

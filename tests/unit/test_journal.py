@@ -54,12 +54,23 @@ def node(directory: Path, sync: str = "batch", also: tuple[str, str] | None = No
     registry.declare_queue("scratch")
     if also is not None:
         registry.declare_queue(also[0], durable=True, object_uuid=also[1])
+    return registry, *_journal(directory, registry, sync)
+
+
+def journaled(directory: Path, queue: str, arguments: dict, object_uuid: str) -> tuple[Registry, Journal, Loop]:
+    """A node with one durable queue declared with ``arguments``, and its journal recovered from ``directory``."""
+    registry = Registry("none", True)
+    registry.declare_queue(queue, arguments, durable=True, object_uuid=object_uuid)
+    return registry, *_journal(directory, registry, "batch")
+
+
+def _journal(directory: Path, registry: Registry, sync: str) -> tuple[Journal, Loop]:
     loop = Loop()
     journal = Journal(directory, "n1", registry, sync, loop.after.append, loop.calls.put,
                       lambda delay, fn: loop.timers.append(fn))
     journal.recover()
     journal.start()
-    return registry, journal, loop
+    return journal, loop
 
 
 def encoded(body: str, durable: bool) -> bytes:

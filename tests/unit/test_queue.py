@@ -25,6 +25,10 @@ class FakeConsumer:
             if data is not None:
                 self.deliver(queue, msg_id, data, 0)
 
+    @property
+    def ids(self) -> list[int]:
+        return [m[0] for m in self.got]
+
 
 def make(**settings) -> Queue:
     return Queue("q", QueueSettings(**settings))

@@ -18,7 +18,7 @@ from hastandby.broker.queue_kinds import DedupQueue, PriorityQueue, queue_class
 from hastandby.broker.registry import Registry, queue_settings
 from hastandby.replication.codec import ProtocolError, decode_message_ids, encode_message_ids
 
-from tests.unit.test_queue_kinds import FakeConsumer
+from tests.unit.test_queue import FakeConsumer
 
 
 def msg(body, message_id=None, durable: bool | None = None, **extra) -> bytes:
@@ -231,18 +231,9 @@ def test_the_journal_record_round_trips_and_replay_keeps_the_latest_time():
 
 
 def _journaled_node(directory):
-    from hastandby.broker.journal import Journal
-    from tests.unit.test_journal import Loop
+    from tests.unit.test_journal import journaled
 
-    registry = Registry("none", True)
-    registry.declare_queue("orders", {"x-dedup-window": 600}, durable=True,
-                           object_uuid="6f8c1a52-0000-4000-8000-0000000000dd")
-    loop = Loop()
-    journal = Journal(directory, "n1", registry, "batch", loop.after.append, loop.calls.put,
-                      lambda delay, fn: loop.timers.append(fn))
-    journal.recover()
-    journal.start()
-    return registry, journal, loop
+    return journaled(directory, "orders", {"x-dedup-window": 600}, "6f8c1a52-0000-4000-8000-0000000000dd")
 
 
 @pytest.mark.parametrize("compact", [False, True])

@@ -27,27 +27,7 @@ from hastandby.broker.queue_kinds import (
 )
 from hastandby.broker.registry import Registry, queue_settings
 from hastandby.replication.codec import ProtocolError, decode_counts, encode_counts
-
-
-class FakeConsumer:
-    def __init__(self, credit: int = 0, browsing: bool = False, sees_acquired: bool = False) -> None:
-        self.credit = credit
-        self.browsing = browsing
-        self.sees_acquired = sees_acquired
-        self.got: list[tuple[int, bytes, int]] = []
-
-    def deliver(self, queue, msg_id, data, delivery_count):
-        self.credit -= 1
-        self.got.append((msg_id, data, delivery_count))
-
-    def deliver_run(self, queue, ids, payloads):
-        for msg_id, data in zip(ids, payloads):
-            if data is not None:
-                self.deliver(queue, msg_id, data, 0)
-
-    @property
-    def ids(self) -> list[int]:
-        return [m[0] for m in self.got]
+from tests.unit.test_queue import FakeConsumer
 
 
 def msg(body, priority: int | None = None, durable: bool | None = None) -> bytes:
@@ -499,17 +479,10 @@ def test_good_values_and_their_string_forms():
 
 
 def _journaled_node(directory, compact: bool = False):
-    from hastandby.broker.journal import Journal
-    from tests.unit.test_journal import Loop
+    from tests.unit.test_journal import journaled
 
-    registry = Registry("none", True)
-    registry.declare_queue("work", {"x-delivery-limit": 3, "qpid.priorities": 10}, durable=True,
-                           object_uuid="6f8c1a52-0000-4000-8000-0000000000aa")
-    loop = Loop()
-    journal = Journal(directory, "n1", registry, "batch", loop.after.append, loop.calls.put,
-                      lambda delay, fn: loop.timers.append(fn))
-    journal.recover()
-    journal.start()
+    registry, journal, loop = journaled(directory, "work", {"x-delivery-limit": 3, "qpid.priorities": 10},
+                                        "6f8c1a52-0000-4000-8000-0000000000aa")
     if compact:
         journal._compact()
     return registry, journal, loop

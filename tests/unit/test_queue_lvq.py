@@ -15,7 +15,7 @@ from hastandby.broker.queue import Queue
 from hastandby.broker.queue_kinds import LastValueQueue, queue_class
 from hastandby.broker.registry import Registry, queue_settings
 
-from tests.unit.test_queue_kinds import FakeConsumer
+from tests.unit.test_queue import FakeConsumer
 
 
 def msg(body, key=None, durable: bool | None = None, name: str = "sym", **extra) -> bytes:
@@ -179,18 +179,9 @@ def test_bad_keys_are_refused_with_a_clear_error(value):
 
 
 def _journaled_node(directory):
-    from hastandby.broker.journal import Journal
-    from tests.unit.test_journal import Loop
+    from tests.unit.test_journal import journaled
 
-    registry = Registry("none", True)
-    registry.declare_queue("prices", {"qpid.last_value_queue_key": "sym"}, durable=True,
-                           object_uuid="6f8c1a52-0000-4000-8000-0000000000ee")
-    loop = Loop()
-    journal = Journal(directory, "n1", registry, "batch", loop.after.append, loop.calls.put,
-                      lambda delay, fn: loop.timers.append(fn))
-    journal.recover()
-    journal.start()
-    return registry, journal, loop
+    return journaled(directory, "prices", {"qpid.last_value_queue_key": "sym"}, "6f8c1a52-0000-4000-8000-0000000000ee")
 
 
 @pytest.mark.parametrize("compact", [False, True])
