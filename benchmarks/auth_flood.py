@@ -2,15 +2,15 @@
 
     python -m benchmarks.auth_flood [--rounds 3] [--duration 5] [--rate 500] [--sockets 8]
         [--sources 1 | --fresh-sources] [--flood-nice 19] [--floods bad-plain,unknown-user,tls]
-        [--baseline-tree PATH] [--out benchmarks/results/]
+        [--baseline-tree PATH] [--out results/]
 
 Per round, one fresh standalone node (a plain and a TLS listener, the run's
-users and certificate: ``_auth.py``, ``_certs.py``) and one phase per flood
+users and certificate: ``hastandby/testing/auth.py``, ``certs.py``) and one phase per flood
 plus one without (``alone``), in an order that alternates round by round so
 that noise from the shared machine hits all alike.  In each phase a
-python-qpid-proton producer (``_flood_clients.py produce``) sends 100-byte
+python-qpid-proton producer (``hastandby.testing.flood_clients produce``) sends 100-byte
 messages one at a time, each waiting for ``accepted``, for ``--duration``
-seconds, while a flood (``_flood_clients.py flood``) offers ``--rate``
+seconds, while a flood (``hastandby.testing.flood_clients flood``) offers ``--rate``
 attempts per second from ``--sockets`` sockets, abandoning an attempt not
 answered within its slot (sockets / rate seconds):
 
@@ -37,7 +37,7 @@ Before/after (``--baseline-tree PATH``, e.g. ``git worktree add --detach
 from that tree (cwd and ``PYTHONPATH`` the tree, the same interpreter), the
 two trees alternating, with the same clients (this tree's).
 
-Writes ``benchmarks/results/auth-flood-<UTC>.json`` (the command, host, trees,
+Writes ``results/auth-flood-<UTC>.json`` (the command, host, trees,
 every phase's figures, the summary).  Exit code 1 if a phase failed or a
 message was lost (not for a missed goal: the table says that).
 """
@@ -60,11 +60,11 @@ from typing import Any
 import psutil
 
 from hastandby.client import ManagementError
+from hastandby.testing import auth as _auth
+from hastandby.testing.certs import make_certificates
+from hastandby.testing.flood_clients import KINDS
+from hastandby.testing.processes import LOOPBACK, Service, free_port, python_env
 
-from . import _auth
-from ._certs import make_certificates
-from ._flood_clients import KINDS
-from ._proc import LOOPBACK, Service, free_port, python_env
 from .ha_throughput import CURRENT, Tree, _request, _wait_answering, baseline_tree
 from .security import fmt, interrupt_on_sigterm, median_or_none, ratio, write_report
 from .throughput import DEFAULT_OUT, REPO_ROOT, host_info
@@ -76,7 +76,7 @@ CLIENT_TIMEOUT = 60.0
 
 
 def client_argv(role: str, port: int, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "benchmarks._flood_clients", role, "--host", LOOPBACK, "--port", str(port), *extra]
+    return [sys.executable, "-m", "hastandby.testing.flood_clients", role, "--host", LOOPBACK, "--port", str(port), *extra]
 
 
 def client_env() -> dict[str, str]:

@@ -30,9 +30,9 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+from hastandby.testing import cexamples
+from hastandby.testing.processes import LOOPBACK, Service, free_port
 
-from . import cexamples
-from ._proc import LOOPBACK, Service, free_port
 from .ha_throughput import CURRENT, Tree, _request, _wait_answering, baseline_tree
 
 

@@ -29,10 +29,10 @@ In one invocation (``--parts memory,restart``, both by default):
     empty data dir), judged on the median of the rounds' ratios.  The
     catch-up after journal recovery is reported against the same 20 % as well.
 
-Nodes require authentication (``benchmarks/_auth.py``): the backup
+Nodes require authentication (``hastandby/testing/auth.py``): the backup
 authenticates to the primary as ``peer``, the C clients as ``app``.
 
-Writes ``benchmarks/results/catchup-<UTC>.json``.
+Writes ``results/catchup-<UTC>.json``.
 
     python -m benchmarks.catchup [--messages 1000000] [--parts memory,restart] [--rounds 3] [--out DIR]
 """
@@ -54,9 +54,10 @@ from statistics import median
 from typing import Any
 
 from hastandby.client import ManagementClient, ManagementError
+from hastandby.testing import auth as _auth
+from hastandby.testing import cexamples
+from hastandby.testing.processes import Service, free_port, python_env
 
-from . import _auth, cexamples
-from ._proc import Service, free_port, python_env
 from .ha_throughput import _request, _wait_answering, start_nodes
 from .throughput import DEFAULT_OUT, LOOPBACK, REPO_ROOT, _check_receive, _check_send, host_info
 

@@ -5,7 +5,7 @@ Needs root and ``ip``: etcd, three nodes and the clients each run in a network n
 nemesis network, ``benchmarks/nemesis/network.py``), where a cut drops packets silently, as a failed switch
 or a partition does: connections stall, no reset comes back, a new connect hangs in SYN_SENT.
 
-``--cut primary``: a producer (``benchmarks.numbered_client`` in the clients' namespace, the URL list with
+``--cut primary``: a producer (``hastandby.testing.numbered_client`` in the clients' namespace, the URL list with
 the primary first, as an application lists the node it knows best) sends RATE messages a second; then the
 primary is cut from everything (clients, backups, etcd).  It loses its lease and steps down, a backup is
 elected after the lease TTL, and the producer must notice its connection is dead and find the new primary
@@ -41,8 +41,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from hastandby.testing.netns import Network
+
 from .nemesis.cluster import QUEUE, Cluster
-from .nemesis.network import Network
 from .nemesis.workload import History, Workload
 from .throughput import DEFAULT_OUT, host_info
 

@@ -14,14 +14,14 @@ For each mode (``full``, ``enqueue``), in one invocation:
    browser in full mode, a consumer in enqueue mode) records arrival - send
    for each.  First flat out: the rate at which messages reach the receiver
    is the maximum of this whole path on this machine.  Then paced at half
-   of that, once over loopback, once through ``benchmarks.delay_proxy``
+   of that, once over loopback, once through ``hastandby.testing.delay_proxy``
    adding 25 ms each way: lag p50/p99/max in ms.  (Step 1 also records the
    rate at which the replica had all of the C sender's messages.)
 
-Nodes require authentication (``benchmarks/_auth.py``): the replica
+Nodes require authentication (``hastandby/testing/auth.py``): the replica
 authenticates to the source as ``peer``, clients as ``app`` with PLAIN.
 
-Prints the figures and writes ``benchmarks/results/dr-lag-<UTC>.json``.
+Prints the figures and writes ``results/dr-lag-<UTC>.json``.
 
     python -m benchmarks.dr_lag [--count 50000] [--runs 9] [--lag-seconds 10] [--delay-ms 25]
 """
@@ -46,10 +46,11 @@ from proton.handlers import MessagingHandler
 from proton.reactor import AtMostOnce, Container, Copy
 
 from hastandby.client import ManagementClient, ManagementError
+from hastandby.testing import auth as _auth
+from hastandby.testing import cexamples
+from hastandby.testing.processes import Service, free_port, python_env
 from spark_analysis.phases import nearest_rank
 
-from . import _auth, cexamples
-from ._proc import Service, free_port, python_env
 from .throughput import DEFAULT_OUT, LOOPBACK, REPO_ROOT, host_info
 
 MODES = ("full", "enqueue")
@@ -279,7 +280,7 @@ def measure_mode(mode: str, args: argparse.Namespace, logs: Path) -> dict[str, A
         print(f"[{mode}] lag on loopback at {loopback['achieved_rate']:,} msg/s: p50 {loopback['lag_ms_p50']} ms, "
               f"p99 {loopback['lag_ms_p99']} ms, max {loopback['lag_ms_max']} ms", flush=True)
         proxy_port = free_port()
-        proxy = Service(f"{mode}-proxy", [sys.executable, "-m", "benchmarks.delay_proxy", "--listen",
+        proxy = Service(f"{mode}-proxy", [sys.executable, "-m", "hastandby.testing.delay_proxy", "--listen",
                                           f"{LOOPBACK}:{proxy_port}", "--target", f"{LOOPBACK}:{src}",
                                           "--delay-ms", str(args.delay_ms)],
                         logs / f"{mode}-proxy.log", cwd=REPO_ROOT, env=python_env())

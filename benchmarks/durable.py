@@ -2,7 +2,7 @@
 
     python -m benchmarks.durable [--count 100000] [--runs 3] [--body-size 100] [--latency-messages 1000]
         [--systems standalone,primary+1,primary+2,primary+2-nondurable,rabbitmq] [--no-strace]
-        [--out benchmarks/results/]
+        [--out results/]
 
 In one invocation, rounds alternating over the systems (so the noise of this
 shared machine hits all alike):
@@ -51,7 +51,7 @@ Figures per system and round:
 Prints the figures per round, then medians and the ratios: primary+2 /
 rabbitmq (issue 14's goal: at least 1.5), every system against rabbitmq and
 standalone, and primary+2 durable / non-durable.  JSON in
-``benchmarks/results/durable-<UTC>.json`` with the command line, the host,
+``results/durable-<UTC>.json`` with the command line, the host,
 the uncommitted node changes, every round, the RabbitMQ set-up.
 """
 
@@ -80,9 +80,10 @@ from proton import Message
 from proton.reactor import Container
 
 from spark_analysis.phases import nearest_rank
+from hastandby.testing import auth as _auth
+from hastandby.testing import cexamples
+from hastandby.testing.processes import LOOPBACK, Service, free_port, python_env
 
-from . import _auth, cexamples
-from ._proc import LOOPBACK, Service, free_port, python_env
 from .ha_throughput import _LatencySender, _request, _wait_answering, _wait_state
 from .security import (
     fmt,

@@ -45,9 +45,11 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from hastandby.testing import auth as _auth
+from hastandby.testing import cexamples
+from hastandby.testing.processes import Service, free_port, python_env
+from hastandby.testing.waiting import wait_until
 
-from . import _auth, cexamples
-from ._proc import Service, free_port, python_env, wait_until
 from .ha_throughput import _request, _wait_answering, _wait_state
 from .throughput import LOOPBACK, REPO_ROOT
 

@@ -29,10 +29,10 @@ producer, lets the consumer drain and stops every process by PID.
 
 Every round writes one trace in the format of ``docs/failover-traces.md``
 (names from ``spark_analysis.trace_schema``) into ``--out`` (default
-``benchmarks/results/failover-traces-<UTC>/``); the run writes a summary
-JSON to ``benchmarks/results/failover-<UTC>.json`` and prints a table per
+``results/failover-traces-<UTC>/``); the run writes a summary
+JSON to ``results/failover-<UTC>.json`` and prints a table per
 fault.  ``docs/failover-benchmark.md`` says how each event is observed.
-Nodes require authentication (``benchmarks/_auth.py``): backups authenticate
+Nodes require authentication (``hastandby/testing/auth.py``): backups authenticate
 to the primary as ``peer``, the client processes as ``app`` with PLAIN (their
 credentials come in the environment, so the URLs in traces carry none), the
 harness's STATUS polls and requests as ``admin``.
@@ -62,15 +62,16 @@ from typing import Any
 
 from hastandby.client import Login, ManagementClient, ManagementError
 from hastandby.lifecycle.cluster import ClusterKeys
+from hastandby.testing import auth as _auth
+from hastandby.testing.etcd import EtcdServer
+from hastandby.testing.numbered_client import HEARTBEAT, RECONNECT_DELAY
+from hastandby.testing.processes import LOOPBACK, Service, free_port, python_env
+from hastandby.testing.waiting import wait_until
 from spark_analysis import phases as ph
 from spark_analysis import trace_schema as ts
 from spark_analysis.phases import nearest_rank
-from tests.support.etcd import EtcdServer
 
-from . import _auth
-from ._proc import LOOPBACK, Service, free_port, python_env, wait_until
 from .failover_lan import NODE_PORT, VIA_LOOPBACK, VIA_VIRTUAL_IP, VIAS, Case, FailoverLan
-from .numbered_client import HEARTBEAT, RECONNECT_DELAY
 from .throughput import DEFAULT_OUT, REPO_ROOT, host_info
 
 FAULT_ALIASES = {
@@ -194,7 +195,7 @@ class ChildProcess:
 
 
 class ClientProcess(ChildProcess):
-    """One numbered failover client in a process of its own (``python -m benchmarks.numbered_client``).
+    """One numbered failover client in a process of its own (``python -m hastandby.testing.numbered_client``).
 
     ``command`` starts it (``producer NAME RATE``, ``consumer NAME 0``,
     ``pinned NAME URL RATE``; NAME is ``name``); its status and record are
@@ -203,7 +204,7 @@ class ClientProcess(ChildProcess):
 
     def __init__(self, name: str, command: str, urls: list[str], workdir: Path, *options: str,
                  prefix: list[str] | None = None) -> None:
-        super().__init__(name, "benchmarks.numbered_client",
+        super().__init__(name, "hastandby.testing.numbered_client",
                          ["--urls", ",".join(urls), "--out", str(workdir / f"{name}.json"), *options], workdir,
                          prefix=prefix)
         self.send(command)
@@ -1157,7 +1158,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lease-ttl", type=int, default=2, help="etcd lease TTL of the nodes, seconds")
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--rate", type=float, default=200.0, help="producer messages per second")
-    parser.add_argument("--out", type=Path, help="trace directory (default benchmarks/results/failover-traces-<UTC>/)")
+    parser.add_argument("--out", type=Path, help="trace directory (default results/failover-traces-<UTC>/)")
     parser.add_argument("--results", type=Path, default=DEFAULT_OUT, help="where the summary JSON goes")
     parser.add_argument("--steady", type=float, default=2.5, help="seconds of acknowledged load before the fault")
     parser.add_argument("--steady-after", type=float, default=2.0, help="seconds of load after recovery")

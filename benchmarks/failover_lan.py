@@ -5,7 +5,7 @@ cut, so the failover benchmark there measures kill -9, SIGSTOP and SIGTERM
 as a URL-list client meets them.  A network cut, and a virtual IP that
 follows the primary (``serve --virtual-ip``, docs/lifecycle.md section 14),
 only exist on a network: the nodes here are hosts (namespaces) on one Linux
-bridge (``tests.support.netns.Lan``), the clients a host of their own, etcd
+bridge (``hastandby.testing.netns.Lan``), the clients a host of their own, etcd
 and the harness on the bridge's own address, so the harness still reaches
 every node while one is cut off.
 
@@ -32,9 +32,9 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+from hastandby.testing.etcd import EtcdServer
+from hastandby.testing.netns import Lan
 from spark_analysis import trace_schema as ts
-from tests.support.etcd import EtcdServer
-from tests.support.netns import Lan
 
 VIA_LOOPBACK = "loopback"
 VIA_URLS = "urls"

@@ -10,12 +10,12 @@ producer only then), so the send figure is the price of replication.
 Producer acknowledgement latency: a python-qpid-proton sender with one
 message in flight at a time times send -> ``accepted``; p50 and p99.
 
-Nodes require authentication (``benchmarks/_auth.py``): backups authenticate
+Nodes require authentication (``hastandby/testing/auth.py``): backups authenticate
 to the primary as ``peer``, clients as ``app`` with PLAIN, management as
 ``admin``.
 
 Prints msg/s per configuration and the ratio to standalone, writes JSON to
-``benchmarks/results/ha-throughput-<UTC>.json``.
+``results/ha-throughput-<UTC>.json``.
 
 Before/after (``--baseline-tree PATH``, e.g. a ``git worktree`` of an older
 commit): in the same invocation every configuration is measured as well on
@@ -63,10 +63,11 @@ from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
 from hastandby.client import Login, ManagementClient, ManagementError
+from hastandby.testing import auth as _auth
+from hastandby.testing import cexamples
+from hastandby.testing.processes import Service, free_port, python_env
 from spark_analysis.phases import nearest_rank
 
-from . import _auth, cexamples
-from ._proc import Service, free_port, python_env
 from .throughput import (
     DEFAULT_OUT,
     FIGURES,

@@ -19,7 +19,7 @@ and reports ``(node + added) / node`` against the 5 % goal.
 
     python -m benchmarks.journal_cost [--messages 100000] [--rounds 7] [--node-messages 50000] [--node-rounds 3]
 
-Writes ``benchmarks/results/journal-cost-<UTC>.json``.
+Writes ``results/journal-cost-<UTC>.json``.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from hastandby.broker.journal import Journal
 from hastandby.broker.queue import Queue
 from hastandby.broker.registry import Registry
 from hastandby.broker.sections import HEADER_PREFIX
+from hastandby.testing import cexamples
 
-from . import cexamples
 from .ha_throughput import CURRENT, start_nodes, _request
 from .throughput import DEFAULT_OUT, PHASES, Run, Settings, _measure, host_info
 

@@ -6,7 +6,7 @@ The only direct view of *when* the cluster's leader key was deleted (lease
 expiry, revoke) and created again.  One JSON line per event on stdout,
 stamped with ``time.time()`` on arrival (one wall clock for every process of
 the run, ``docs/failover-traces.md``), until stdin ends.  Moved out of the
-failover benchmark's client processes (``benchmarks/numbered_client.py``
+failover benchmark's client processes (``hastandby/testing/numbered_client.py``
 is the client now).
 """
 

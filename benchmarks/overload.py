@@ -3,7 +3,7 @@
     python -m benchmarks.overload [--parts watermark,idle] [--watermark 256MB] [--body-size 1024]
         [--messages N] [--slack 32MB] [--hold 2] [--consumer-batch 0] [--recovery-fraction 0.8]
         [--idle-connections 10000] [--parallel 8] [--count 100000] [--runs 3] [--idle-seconds 5]
-        [--out benchmarks/results/]
+        [--out results/]
 
 ``watermark``
     A node with ``--memory-high-watermark``; the C ``send-bench`` sends
@@ -46,8 +46,8 @@
     the refusal beyond the limit (the helper opens connections until one is
     refused; 10 fit above the idle ones).
 
-Nodes require authentication (``_auth.py``).  Prints a table per part and
-writes ``benchmarks/results/overload-<UTC>.json`` (command line, host, the
+Nodes require authentication (``hastandby/testing/auth.py``).  Prints a table per part and
+writes ``results/overload-<UTC>.json`` (command line, host, the
 working tree's uncommitted node changes, parameters, figures, timelines).
 Exit code 1 if a figure could not be taken or messages were lost.
 """
@@ -76,10 +76,12 @@ from typing import Any
 
 from hastandby.broker.memory import LOW_FRACTION, parse_watermark
 from hastandby.client import ManagementClient, ManagementError
+from hastandby.testing import auth as _auth
+from hastandby.testing import cexamples
+from hastandby.testing.processes import Service, free_port, python_env
+from hastandby.testing.waiting import wait_until
 from spark_analysis.phases import nearest_rank
 
-from . import _auth, cexamples
-from ._proc import Service, free_port, python_env, wait_until
 from .security import (
     PlainSaslClient,
     RawConnection,

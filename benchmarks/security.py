@@ -1,7 +1,7 @@
 """What security costs (issue 12): TLS against plain, replication over TLS, connection set-up per mechanism.
 
     python -m benchmarks.security [--parts tls,ha,setup] [--count 100000] [--runs 3]
-        [--latency-messages 2000] [--connections 200] [--out benchmarks/results/]
+        [--latency-messages 2000] [--connections 200] [--out results/]
 
 Three parts, each alternating what it compares round by round (A B, B A, ...)
 so that noise from the shared machine hits both alike; ratios are taken
@@ -10,7 +10,7 @@ within this one invocation:
 ``tls``
     Throughput over TLS against plain.  Per round one fresh standalone node
     with a plain listener and a TLS listener (``--listen-tls``, a certificate
-    made for the run by ``_certs.py``); the proton C clients of
+    made for the run by ``hastandby/testing/certs.py``); the proton C clients of
     ``benchmarks.throughput`` (``send-bench``/``receive-bench``, 100-byte
     messages, PLAIN as ``app``) against the plain port and against the TLS
     port (``cexamples``' TLS patch: trusting the run's CA, verifying the
@@ -47,11 +47,11 @@ within this one invocation:
     each here, against the C example broker as well).  p50/p99/max ms to
     the open, p50 of the whole cycle, and the node's CPU per connection.
 
-Nodes require authentication as in production (``_auth.py``).  PLAIN makes
+Nodes require authentication as in production (``hastandby/testing/auth.py``).  PLAIN makes
 the node derive PBKDF2-SHA-256 of 4096 rounds per connection (to check the
 password against the salted secret); SCRAM-SHA-256 leaves that to the
 client.  Prints a table
-per part and writes ``benchmarks/results/security-<UTC>.json`` (command line,
+per part and writes ``results/security-<UTC>.json`` (command line,
 host, the working tree's uncommitted node changes, every round's figures,
 medians, ratios, goals).  Exit code 1 if any figure failed.
 """
@@ -81,13 +81,11 @@ from pathlib import Path
 from typing import Any
 
 from proton import (
-    Array,
     Connection,
     Endpoint,
     ProtonException,
     SSLDomain,
     Transport,
-    symbol,
 )
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
@@ -96,13 +94,15 @@ from proton.utils import BlockingConnection
 from hastandby.client import ManagementError
 from hastandby.security.credentials import Credentials
 from hastandby.security.pipe import ClientPipe, PipeError
-from hastandby.security.sasl import SaslClient, SaslError
+from hastandby.security.sasl import SaslClient
 from hastandby.security.tls import TlsLayer
+from hastandby.testing import auth as _auth
+from hastandby.testing import cexamples
+from hastandby.testing.certs import SERVER_NAME, SUBJECT, Certificates, make_certificates
+from hastandby.testing.clients import PlainSaslClient
+from hastandby.testing.processes import Service, free_port, python_env
 from spark_analysis.phases import nearest_rank
 
-from . import _auth, cexamples
-from ._certs import SERVER_NAME, SUBJECT, Certificates, make_certificates
-from ._proc import Service, free_port, python_env
 from .ha_throughput import _request, _wait_answering, _wait_state, ack_latency
 from .throughput import (
     DEFAULT_OUT,
@@ -174,16 +174,6 @@ def write_report(out: Path, name: str, started: datetime, report: dict[str, Any]
 
 class RawConnectionError(Exception):
     """A raw connection failed: TLS, SASL, the node closed it, or no answer in time."""
-
-
-class PlainSaslClient(SaslClient):
-    """``SaslClient`` taking PLAIN although the node offers SCRAM-SHA-256 first (it prefers SCRAM)."""
-
-    def _choose(self, offered: Any) -> None:
-        names = [str(m) for m in (offered.elements if isinstance(offered, Array) else offered or [])]
-        if "PLAIN" not in names:
-            raise SaslError(f"PLAIN is not offered (offered: {', '.join(names)})")
-        super()._choose([symbol("PLAIN")])
 
 
 class RawConnection:

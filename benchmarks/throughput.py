@@ -1,8 +1,9 @@
 """Throughput of hastandby against the proton C example broker, in one invocation.
 
     python -m benchmarks.throughput [--count N] [--runs R] [--body-size 100]
-        [--out benchmarks/results/] [--skip-rss] [--rss-messages 1000000]
-        [--targets c-broker,hastandby]
+        [--out results/] [--skip-rss] [--rss-messages 1000000]
+        [--targets c-broker,hastandby] [--queue-kinds plain,priority,scheduled]
+        [--baseline-tree PATH]
 
 The machine is shared and noisy, so absolute rates mean little across runs;
 what we report is the ratio hastandby / C broker taken in the same invocation,
@@ -19,9 +20,31 @@ counted as a rate. Then, for hastandby only, the memory figure: RSS before and
 after queueing ``--rss-messages`` messages on one queue.
 
 hastandby requires authentication, as in production: it reads the run's users
-file and the clients authenticate with PLAIN (``benchmarks/_auth.py``; once
+file and the clients authenticate with PLAIN (``hastandby/testing/auth.py``; once
 per connection, nothing per message).  The C broker is the stock example and
 takes the same clients without credentials.
+
+Queue kinds (``--queue-kinds``, issue 28): hastandby's figures are taken on
+each kind of queue in every round, one after the other on the same broker
+process: ``plain`` (what the figures always were: a queue the sender's attach
+makes), ``priority`` (declared with ``qpid.priorities`` 10; ``send-bench``
+gives message i header priority i % 10, so every level is used and
+interleaved), ``scheduled`` (a plain queue; 90 of every 100 messages carry
+``x-opt-delivery-delay`` 100 ms: held back, then delivered in due order; the
+``receive`` figure drains them as they come due), and with the other
+features ``dedup`` (``x-dedup-window`` 300; every message has its own
+message-id, as send-bench numbers them), ``lvq`` (``qpid.last_value_queue_key``;
+the messages have no such property, so the cost of looking), ``groups``
+(``qpid.group_header_key``; all in the group ``qpid.no-group``) and
+``delivery-limit`` (``x-delivery-limit`` 5 with a single active consumer).
+The C broker measures ``plain`` only.
+
+Before/after (``--baseline-tree PATH``: a tree of an older commit, e.g.
+``git archive REV | tar -x -C build/NAME``): a third target, ``baseline``,
+hastandby run from that tree (the same interpreter, the tree first on
+``sys.path``), alternating with the others in every round, on ``plain``
+queues; the report adds current/baseline ratios of msg/s and CPU per message
+(medians, and per round).
 
 Results: a table on stdout and JSON in ``--out`` (``throughput-<UTC>.json``
 and ``throughput-latest.json``). Exit code 1 if any run failed.
@@ -50,11 +73,14 @@ from typing import Any
 
 import psutil
 
-from benchmarks import _auth, cexamples
-from benchmarks._proc import LOOPBACK, Service, free_port, python_env
+from hastandby.client import ManagementClient
+from hastandby.testing import auth as _auth
+from hastandby.testing import cexamples
+from hastandby.testing.paths import results_dir
+from hastandby.testing.processes import LOOPBACK, Service, free_port, python_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results"
+DEFAULT_OUT = results_dir()  # every benchmark's default --out/--results: results/ at the checkout's root (ignored)
 
 FIGURES = ("send", "receive", "concurrent")
 
@@ -84,6 +110,8 @@ class Target:
     measure_rss: bool = False
     authenticated: bool = False
     """Clients must authenticate (``_auth``): hastandby; the C example broker takes anyone."""
+    features: bool = False
+    """It has the queue features of ``QUEUE_KINDS`` (this tree's hastandby): measured on every kind asked for."""
 
     @property
     def client_env(self) -> dict[str, str] | None:
@@ -115,10 +143,36 @@ TARGETS: tuple[Target, ...] = (
     # cwd: broker.c loads ssl-certs/ relative to it (it still serves plain AMQP).
     Target("c-broker", "proton C example broker", _c_broker_argv, cwd=cexamples.EXAMPLES_DIR),
     Target("hastandby", "hastandby", _hastandby_argv, cwd=REPO_ROOT, env=python_env(), measure_rss=True,
-           authenticated=True),
+           authenticated=True, features=True),
 )
 REFERENCE = TARGETS[0]
 """Ratios are every other target divided by this one."""
+
+
+def baseline_target(root: Path) -> Target:
+    """hastandby from an older tree (``--baseline-tree``): ``python -m hastandby`` run in it, so it imports
+    the tree's package first (checked), with the same users and options."""
+    root = root.resolve()
+    env = {**python_env(), "PYTHONPATH": str(root)}
+    found = subprocess.run([sys.executable, "-c", "import hastandby; print(hastandby.__file__)"], cwd=root, env=env,
+                           capture_output=True, text=True, timeout=30)
+    if found.returncode != 0 or not Path(found.stdout.strip()).resolve().is_relative_to(root):
+        raise SystemExit(f"--baseline-tree {root}: nodes would not import hastandby from it "
+                         f"({found.stdout.strip() or found.stderr.strip()[-300:]})")
+    return Target("baseline", f"hastandby at {root}", _hastandby_argv, cwd=root, env=env, authenticated=True)
+
+
+QUEUE_KINDS: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
+    "plain": ({}, {}),
+    "priority": ({"qpid.priorities": 10}, {"HASTANDBY_PRIORITIES": "10"}),
+    "scheduled": ({}, {"HASTANDBY_DELAY_MS": "100", "HASTANDBY_DELAYED_PERCENT": "90"}),
+    "dedup": ({"x-dedup-window": 300}, {}),
+    "lvq": ({"qpid.last_value_queue_key": "sym"}, {}),
+    "groups": ({"qpid.group_header_key": "grp"}, {}),
+    "delivery-limit": ({"x-delivery-limit": 5, "x-single-active-consumer": True}, {}),
+}
+"""Per queue kind (``--queue-kinds``): the queue's arguments (declared before the figure; none: the sender's
+attach makes it, as always) and what ``send-bench`` is told in its environment (``cexamples``)."""
 
 
 @dataclass
@@ -130,6 +184,7 @@ class Run:
     figure: str
     queue: str
     messages: int
+    kind: str = "plain"
     ok: bool = False
     error: str | None = None
     elapsed_s: float | None = None
@@ -149,6 +204,11 @@ class Settings:
     skip_rss: bool
     rss_messages: int
     targets: list[Target]
+    queue_kinds: tuple[str, ...] = ("plain",)
+    baseline: Target | None = None
+
+    def kinds(self, target: Target) -> tuple[str, ...]:
+        return self.queue_kinds if target.features else ("plain",)
 
     @property
     def client_timeout(self) -> float:
@@ -236,29 +296,53 @@ def _measure(run: Run, service: Service, action: Callable[[], None]) -> None:
 
 
 def measure_round(target: Target, round_no: int, settings: Settings, logs: Path) -> list[Run]:
-    """Start a fresh broker, produce every figure once, stop the broker."""
+    """Start a fresh broker, produce every figure once on each of its queue kinds, stop the broker."""
     tag = uuid.uuid4().hex[:8]
-    queues = {"send": f"bench-queued-{tag}", "receive": f"bench-queued-{tag}", "concurrent": f"bench-concurrent-{tag}"}
-    runs = {figure: Run(round_no, target.name, figure, queues[figure], settings.count) for figure in FIGURES}
+    kinds = settings.kinds(target)
+    everything: list[Run] = []
+    for kind in kinds:
+        suffix = "" if kind == "plain" else f"-{kind}"
+        queues = {"send": f"bench-queued{suffix}-{tag}", "receive": f"bench-queued{suffix}-{tag}",
+                  "concurrent": f"bench-concurrent{suffix}-{tag}"}
+        everything += [Run(round_no, target.name, figure, queues[figure], settings.count, kind) for figure in FIGURES]
     port = free_port()
     try:
         service = target.start(LOOPBACK, port, logs / f"{target.name}-round{round_no}.log")
     except (OSError, RuntimeError, TimeoutError) as err:
-        for run in runs.values():
+        for run in everything:
             run.error = f"broker did not start: {err}"
             _progress(run, settings.runs)
-        return list(runs.values())
+        return everything
     try:
-        for figure in FIGURES:
-            run = runs[figure]
-            if figure == "receive" and not runs["send"].ok:
-                run.error = "not run: the send figure that fills its queue failed"
-            else:
-                _measure(run, service, partial(PHASES[figure], settings, port, run.queue, target.client_env))
-            _progress(run, settings.runs)
+        for kind in kinds:
+            runs = {r.figure: r for r in everything if r.kind == kind}
+            arguments, client_extra = QUEUE_KINDS[kind]
+            env = {**(target.client_env or {}), **client_extra} if client_extra else target.client_env
+            try:
+                if arguments:
+                    _declare(port, {runs["send"].queue, runs["concurrent"].queue}, arguments)
+            except Exception as err:  # noqa: BLE001 - a queue that cannot be declared fails its figures
+                for run in runs.values():
+                    run.error = f"queue not declared: {err}"
+                    _progress(run, settings.runs)
+                continue
+            for figure in FIGURES:
+                run = runs[figure]
+                if figure == "receive" and not runs["send"].ok:
+                    run.error = "not run: the send figure that fills its queue failed"
+                else:
+                    _measure(run, service, partial(PHASES[figure], settings, port, run.queue, env))
+                _progress(run, settings.runs)
     finally:
         service.stop()
-    return list(runs.values())
+    return everything
+
+
+def _declare(port: int, queues: set[str], arguments: dict[str, Any]) -> None:
+    """Declare ``queues`` with ``arguments`` (as admin) before a queue kind's figures."""
+    with ManagementClient(f"{LOOPBACK}:{port}", timeout=10, login=_auth.users().login(_auth.ADMIN)) as client:
+        for queue in sorted(queues):
+            client.request("CREATE", "queue", queue, {"arguments": arguments})
 
 
 def measure_memory(target: Target, settings: Settings, logs: Path) -> dict[str, Any]:
@@ -307,7 +391,8 @@ def measure_memory(target: Target, settings: Settings, logs: Path) -> dict[str, 
 
 
 def _progress(run: Run, rounds: int) -> None:
-    head = f"round {run.round}/{rounds}  {run.target:<10} {run.figure:<10}"
+    kind = "" if run.kind == "plain" else f" [{run.kind}]"
+    head = f"round {run.round}/{rounds}  {run.target:<10} {run.figure:<10}{kind}"
     if run.ok:
         print(f"{head} {run.msg_per_s:>10,.0f} msg/s  broker cpu {run.cpu_us_per_msg:6.1f} us/msg", flush=True)
     else:
@@ -345,6 +430,83 @@ def summarize(runs: list[Run], targets: list[Target]) -> tuple[dict[str, Any], d
                 for figure in FIGURES
             }
     return medians, ratios
+
+
+def summarize_kinds(runs: list[Run], targets: list[Target]) -> dict[str, Any]:
+    """Medians per target, queue kind and figure (msg/s, CPU us/msg), each kind's beside the same target's
+    plain queue of the same rounds (``vs_plain``: ratios of medians)."""
+    result: dict[str, Any] = {}
+    for target in targets:
+        kinds = sorted({r.kind for r in runs if r.target == target.name}, key=list(QUEUE_KINDS).index)
+        mine: dict[str, Any] = {}
+        for kind in kinds:
+            mine[kind] = {}
+            for figure in FIGURES:
+                done = [r for r in runs if r.target == target.name and r.kind == kind and r.figure == figure]
+                rates = [r.msg_per_s for r in done if r.ok and r.msg_per_s is not None]
+                cpu = [r.cpu_us_per_msg for r in done if r.ok and r.cpu_us_per_msg is not None]
+                mine[kind][figure] = {"msg_per_s": statistics.median(rates) if rates else None,
+                                      "cpu_us_per_msg": statistics.median(cpu) if cpu else None,
+                                      "cpu_us_per_msg_min": min(cpu) if cpu else None,
+                                      "cpu_us_per_msg_max": max(cpu) if cpu else None,
+                                      "ok_runs": len(rates), "failed_runs": len(done) - len(rates)}
+        for kind in kinds:
+            for figure in FIGURES:
+                plain, this = mine.get("plain", {}).get(figure, {}), mine[kind][figure]
+                this["vs_plain"] = {key: _ratio(this[key], plain.get(key)) for key in ("msg_per_s", "cpu_us_per_msg")}
+        result[target.name] = mine
+    return result
+
+
+def compare_baseline(runs: list[Run]) -> dict[str, Any]:
+    """hastandby/baseline on plain queues: ratios of the medians, and per round (the two brokers of a round
+    ran one right after the other)."""
+    result: dict[str, Any] = {}
+    for figure in FIGURES:
+        pick = {name: {r.round: r for r in runs if r.target == name and r.kind == "plain" and r.figure == figure
+                       and r.ok} for name in ("hastandby", "baseline")}
+        entry: dict[str, Any] = {}
+        for key in ("msg_per_s", "cpu_us_per_msg"):
+            cur = [getattr(r, key) for r in pick["hastandby"].values()]
+            base = [getattr(r, key) for r in pick["baseline"].values()]
+            rounds = sorted(set(pick["hastandby"]) & set(pick["baseline"]))
+            entry[key] = {
+                "current": statistics.median(cur) if cur else None,
+                "baseline": statistics.median(base) if base else None,
+                "ratio_of_medians": _ratio(statistics.median(cur) if cur else None,
+                                           statistics.median(base) if base else None),
+                "per_round": [_ratio(getattr(pick["hastandby"][n], key), getattr(pick["baseline"][n], key))
+                              for n in rounds],
+            }
+        result[figure] = entry
+    return result
+
+
+def print_kinds(by_kind: dict[str, Any], baseline: dict[str, Any] | None) -> None:
+    for target, kinds in by_kind.items():
+        if len(kinds) < 2:
+            continue
+        print(f"\n{target} by queue kind: msg/s (broker cpu us/msg), and against its plain queue")
+        print(f"{'kind':<16}" + "".join(f"{figure:>36}" for figure in FIGURES))
+        for kind, figures in kinds.items():
+            cells = []
+            for figure in FIGURES:
+                m = figures[figure]
+                vs = m["vs_plain"]
+                failed = f" [{m['failed_runs']} FAILED]" if m["failed_runs"] else ""
+                cells.append((f"{_fmt(m['msg_per_s'], ',.0f')} ({_fmt(m['cpu_us_per_msg'], '.1f')}) "
+                              f"x{_fmt(vs['msg_per_s'], '.2f')}/cpu x{_fmt(vs['cpu_us_per_msg'], '.2f')}{failed}").rjust(36))
+            print(f"{kind:<16}" + "".join(cells))
+    if baseline:
+        print("\nplain queues, hastandby/baseline: ratio of medians [per round]")
+        for figure, entry in baseline.items():
+            parts = []
+            for key, label in (("cpu_us_per_msg", "cpu us/msg"), ("msg_per_s", "msg/s")):
+                e = entry[key]
+                rounds = ", ".join(_fmt(r, ".2f") for r in e["per_round"])
+                parts.append(f"{label} {_fmt(e['current'], ',.1f')} vs {_fmt(e['baseline'], ',.1f')}: "
+                             f"x{_fmt(e['ratio_of_medians'], '.2f')} [{rounds}]")
+            print(f"  {figure:<11} " + "; ".join(parts))
 
 
 def _ratio(mine: float | None, reference: float | None) -> float | None:
@@ -431,6 +593,14 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         "--rss-messages", type=int, default=1_000_000, help="messages queued for the memory figure (default 1000000)"
     )
     parser.add_argument(
+        "--queue-kinds", default="plain",
+        help=f"comma-separated queue kinds hastandby is measured on, each beside the others in every round: "
+             f"{', '.join(QUEUE_KINDS)} (default plain)")
+    parser.add_argument(
+        "--baseline-tree", type=Path, default=None, metavar="PATH",
+        help="also run hastandby from this tree (e.g. `git archive REV | tar -x -C build/NAME`), alternating "
+             "with the others, on plain queues, and report current/baseline ratios")
+    parser.add_argument(
         "--targets",
         default=",".join(t.name for t in TARGETS),
         help=f"comma-separated brokers to measure (default all: {','.join(t.name for t in TARGETS)})",
@@ -440,6 +610,12 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     unknown = [n for n in args.targets.split(",") if n not in by_name]
     if unknown:
         parser.error(f"unknown targets {unknown}; known: {list(by_name)}")
+    kinds = tuple(k.strip() for k in args.queue_kinds.split(",") if k.strip())
+    if not kinds or any(k not in QUEUE_KINDS for k in kinds):
+        parser.error(f"--queue-kinds: choose from {', '.join(QUEUE_KINDS)}")
+    if "plain" not in kinds:
+        kinds = ("plain", *kinds)  # every kind is reported beside the plain queue of the same rounds
+    baseline = baseline_target(args.baseline_tree) if args.baseline_tree else None
     if args.count < 1 or args.runs < 1 or args.body_size < 0 or args.rss_messages < 1:
         parser.error("--count, --runs and --rss-messages must be positive, --body-size not negative")
     return Settings(
@@ -449,7 +625,9 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         out=args.out,
         skip_rss=args.skip_rss,
         rss_messages=args.rss_messages,
-        targets=[by_name[n] for n in args.targets.split(",")],
+        targets=[by_name[n] for n in args.targets.split(",")] + ([baseline] if baseline else []),
+        queue_kinds=kinds,
+        baseline=baseline,
     )
 
 
@@ -473,7 +651,9 @@ def main(argv: list[str] | None = None) -> int:
             runs.extend(measure_round(target, round_no, settings, logs))
     memory = [] if settings.skip_rss else [measure_memory(t, settings, logs) for t in settings.targets if t.measure_rss]
 
-    medians, ratios = summarize(runs, settings.targets)
+    medians, ratios = summarize([r for r in runs if r.kind == "plain"], settings.targets)
+    by_kind = summarize_kinds(runs, settings.targets)
+    baseline = compare_baseline(runs) if settings.baseline is not None else None
     failed = any(not r.ok for r in runs) or any(not m["ok"] for m in memory)
     report = {
         "benchmark": "throughput",
@@ -490,15 +670,21 @@ def main(argv: list[str] | None = None) -> int:
             "reference": REFERENCE.name,
             "clients": ["send-bench", "receive-bench"],
             "client_timeout_s": settings.client_timeout,
+            "queue_kinds": {k: {"arguments": QUEUE_KINDS[k][0], "send_bench_env": QUEUE_KINDS[k][1]}
+                            for k in settings.queue_kinds},
+            "baseline_tree": str(settings.baseline.cwd) if settings.baseline else None,
         },
         "failed": failed,
         "runs": [vars(r) for r in runs],
         "medians": medians,
         "ratios": ratios,
+        "by_queue_kind": by_kind,
+        "baseline": baseline,
         "memory": memory,
     }
     path = write_json(settings.out, report, started)
     print_table(medians, ratios, memory)
+    print_kinds(by_kind, baseline)
     print(f"\nresults: {path} (and {path.with_name('throughput-latest.json')})")
     if failed:
         print(f"\n*** SOME RUNS FAILED; see above and the broker logs in {logs} ***", flush=True)

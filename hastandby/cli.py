@@ -557,10 +557,12 @@ def query(broker: str, as_json: bool) -> None:
 
 def _format_query(result: dict[str, Any]) -> str:
     lines = ["Queues:"]
-    lines.append(f"  {'name':<30} {'depth':>8} {'acquired':>8} {'consumers':>9} {'replicate':<13} arguments")
+    lines.append(f"  {'name':<30} {'depth':>8} {'acquired':>8} {'scheduled':>9} {'consumers':>9} {'replicate':<13} "
+                 "arguments")
     for q in sorted(result.get("queues", []), key=lambda q: q["name"]):
         args = {k: v for k, v in q["arguments"].items() if k != "qpid.replicate"}
-        lines.append(f"  {q['name']:<30} {q['depth']:>8} {q['acquired']:>8} {q['consumers']:>9} "
+        lines.append(f"  {q['name']:<30} {q['depth']:>8} {q['acquired']:>8} {q.get('scheduled', 0):>9} "
+                     f"{q['consumers']:>9} "
                      f"{q['replicate']:<13} {json.dumps(args, default=str) if args else ''}")
     lines.append("Exchanges:")
     for e in sorted(result.get("exchanges", []), key=lambda e: e["name"]):
@@ -863,7 +865,11 @@ def acl_reload(broker: str) -> None:
     click.echo(f"{broker}: ACL reloaded from {result['acl']}")
 
 
-# -- benchmarks and dashboards (they live in the repository, beside the package) ---------------
+# -- benchmarks and dashboards ---------------------------------------------------------------
+# The benchmarks are not part of the installed package: they are the repository's benchmarks/ folder.
+# `bench` runs one in this process when `benchmarks` is importable (python -m hastandby from a checkout's
+# root); when this package is a checkout's (pip install -e), as `python -m benchmarks.NAME` with that
+# checkout on the child's PYTHONPATH; otherwise it says that it needs a checkout.  sys.path is left alone.
 
 _PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []}
 BENCHMARKS = {"throughput": "benchmarks.throughput", "ha-throughput": "benchmarks.ha_throughput",
@@ -872,19 +878,33 @@ BENCHMARKS = {"throughput": "benchmarks.throughput", "ha-throughput": "benchmark
               "security": "benchmarks.security", "auth-flood": "benchmarks.auth_flood",
               "overload": "benchmarks.overload", "durable": "benchmarks.durable",
               "journal-cost": "benchmarks.journal_cost"}
+_CHECKOUT = Path(__file__).resolve().parent.parent  # the repository's root, if this package lies in one
 
 
 def _run_module_main(module: str, argv: list[str]) -> None:
     import importlib
+    import importlib.util
 
-    repo = Path(__file__).resolve().parent.parent
-    if str(repo) not in sys.path:
-        sys.path.insert(0, str(repo))
+    top = module.split(".")[0]
+    try:
+        available = importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        available = False
+    if not available and top == "benchmarks":
+        if (_CHECKOUT / "benchmarks" / "__init__.py").is_file() and (_CHECKOUT / "pyproject.toml").is_file():
+            import os
+
+            path = os.pathsep.join(filter(None, [str(_CHECKOUT), os.environ.get("PYTHONPATH")]))
+            os.execve(sys.executable, [sys.executable, "-m", module, *argv], {**os.environ, "PYTHONPATH": path})
+        command = " ".join(["python", "-m", module, *argv])
+        raise click.ClickException(
+            "hastandby bench needs a checkout of the hastandby repository: the benchmarks are not part of the "
+            f"installed package. In a clone, run `{command}` from its root (or `pip install -e '.[bench]'` there "
+            "and use `hastandby bench` again)")
     try:
         entry = importlib.import_module(module).main
     except ImportError as error:
-        raise click.ClickException(f"{module} is not available ({error}); run from a clone of the repository") \
-            from None
+        raise click.ClickException(f"{module} is not available ({error})") from None
     sys.exit(entry(argv))
 
 

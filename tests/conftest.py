@@ -1,7 +1,7 @@
 """Shared fixtures: real node processes on loopback, always stopped by PID.
 
 Authentication is on everywhere: every node started here requires it and
-knows the run's users (tests/support/auth.py), and management clients and
+knows the run's users (hastandby/testing/auth.py), and management clients and
 ``hastandby`` CLI subprocesses authenticate as ``admin`` (``_admin_login``).
 """
 
@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import pytest
 
-from tests.support import auth
-from tests.support.etcd import EtcdServer
-from tests.support.etcd_ha import TTL, EtcdHa
-from tests.support.nodes import NodeProcess
+from hastandby.testing import auth
+from hastandby.testing.etcd import EtcdServer
+from hastandby.testing.etcd_ha import TTL, EtcdHa
+from hastandby.testing.nodes import NodeProcess
 
 if TYPE_CHECKING:
-    from tests.support.cluster import HaCluster
+    from hastandby.testing.cluster import HaCluster
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -50,7 +50,7 @@ def node(node_factory) -> NodeProcess:
 @pytest.fixture
 def cluster_factory(tmp_path) -> Iterator[Callable[..., HaCluster]]:
     """Start hot-standby clusters (node 0 promoted unless promote=False); all stopped at teardown."""
-    from tests.support.cluster import HaCluster
+    from hastandby.testing.cluster import HaCluster
 
     started: list[HaCluster] = []
 

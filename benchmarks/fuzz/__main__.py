@@ -3,7 +3,7 @@
 Every kind starts its own nodes (in a temporary directory, removed at the
 end unless ``--keep``), runs ``--cases`` cases from ``--seed`` (case ``i``
 replays with ``--start i --cases 1``), and is stopped whatever happens.
-``--json`` writes the tallies to ``benchmarks/results/fuzz-<time>.json``
+``--json`` writes the tallies to ``results/fuzz-<time>.json``
 (or ``--out FILE``); nothing is written otherwise.  The exit status is 1 if
 any case failed (a crash, a hang, a loss, an unhandled error in a log).
 See docs/fuzz.md.
@@ -21,12 +21,13 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from benchmarks._auth import users
+from hastandby.testing.auth import users
+from hastandby.testing.paths import results_dir
 
 from .kinds import KINDS
 from .runner import Runner, Tally, table
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+RESULTS = results_dir()  # results/ at the checkout's root (ignored), or $HASTANDBY_RESULTS_DIR
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="seed of every case (default 1)")
     parser.add_argument("--start", type=int, default=0, help="index of the first case (to replay one)")
     parser.add_argument("--minutes", type=float, default=None, help="stop each kind after this long")
-    parser.add_argument("--json", action="store_true", help="write the tallies under benchmarks/results/")
+    parser.add_argument("--json", action="store_true", help="write the tallies under results/")
     parser.add_argument("--out", type=Path, help="write the tallies to this file")
     parser.add_argument("--keep", action="store_true", help="keep the nodes' directory (logs) afterwards")
     parser.add_argument("--quiet", action="store_true", help="no line per failing case")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks._auth import Users
+from hastandby.testing.auth import Users
 
 from . import amqp
 from .checks import CheckResult, admin_request, operations_answered, reference

@@ -22,7 +22,7 @@ from typing import Any
 
 from proton import Delivery, Endpoint, Message, symbol
 
-from benchmarks._auth import ADMIN
+from hastandby.testing.auth import ADMIN
 
 from .wire import Engine, WireError, raw_tag
 

@@ -11,6 +11,8 @@ lineages of the wrong shape), then we send, pre-settled or not:
 - batches (tag ``b``) valid or broken as in the ``backup`` kind (ids zero,
   repeated, decreasing, huge, no messages, counts that do not add up);
 - dequeues (tag ``d``, full mode's id sets) valid or broken;
+- delivery-count (``c``) and message-id (``u``) controls, valid or broken
+  as in the ``backup`` kind (``features.py``);
 - status reports (tag ``s``) with fields of the wrong type, not a map, or
   broken bytes (the replica shows them in QUERY, which the checks call);
 - deliveries under other tags.
@@ -37,7 +39,7 @@ from typing import Any
 
 from proton import Endpoint, Message
 
-from hastandby.replication.codec import DEQUEUE_TAG, encode_batch
+from hastandby.replication.codec import COUNTS_TAG, DEQUEUE_TAG, MESSAGE_IDS_TAG, encode_batch
 from hastandby.dr.protocol import (
     ACK_ADDRESS,
     EPOCH_PROPERTY,
@@ -51,6 +53,7 @@ from .backup import (
     _short,
     batch_bytes,
     batch_ids,
+    control_bytes,
     dequeue_bytes,
     encoded,
     mutate_map,
@@ -79,8 +82,11 @@ class DrReplica(Kind):
     def prepare(self, node: Any) -> None:
         super().prepare(node)
         for queue, mode in QUEUES.items():
+            # The full replica deduplicates and counts deliveries, so the ``u`` and ``c`` controls reach a
+            # queue that uses them.
+            arguments = {"x-dedup-window": 60, "x-delivery-limit": 3} if mode == "full" else {}
             admin_request(node, "REPLICATE", "queue", queue, {"source": self.fake.address, "mode": mode,
-                                                              "create": True})
+                                                              "create": True, "arguments": arguments})
 
     def teardown(self) -> None:
         super().teardown()
@@ -154,21 +160,23 @@ class DrReplica(Kind):
             if link.credit <= 0 or served.engine.peer_closed or link.state & Endpoint.REMOTE_CLOSED:
                 break
             roll = rng.random()
-            if roll < 0.55:
+            if roll < 0.5:
                 data, ids = batch_bytes(rng, next_id, rng.choice([1, 3, 20]), record)
                 tag = b"b%d" % (ids[0] if ids else 0)
                 sent_ids += [i for i in ids if isinstance(i, int)]
                 next_id += max(1, len(ids))
-            elif roll < 0.75:
+            elif roll < 0.65:
                 data, tag = dequeue_bytes(rng, sent_ids, record), DEQUEUE_TAG + b"%d" % number
+            elif roll < 0.8:  # delivery-counts and message-ids, as a source sends a full replica (features.py)
+                data, tag = control_bytes(rng, sent_ids, record, counts=roll < 0.72, number=number)
             else:
                 status = mutate_map(rng, {"state": "live", "lag_messages": 0, "lag_seconds": 0.0, "overflow": 0},
                                     record, "status")
                 data, tag = encoded(rng, status, record, "status"), STATUS_TAG + b"%d" % number
             if rng.random() < 0.05:
-                tag = rng.choice([b"", b"x", b"\xff" * 40, b"d", b"b", b"s"])
+                tag = rng.choice([b"", b"x", b"\xff" * 40, b"d", b"b", b"s", b"c", b"u"])
                 record.note(f"tag {tag!r}")
-            stored += batch_ids(tag, data, (DEQUEUE_TAG, STATUS_TAG))
+            stored += batch_ids(tag, data, (DEQUEUE_TAG, STATUS_TAG, COUNTS_TAG, MESSAGE_IDS_TAG))
             send(link, tag, data, settled=rng.random() < 0.4)
             fake.run(served, rng.choice([0.0, 0.02]))
         fake.run(served, 0.1)

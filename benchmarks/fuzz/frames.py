@@ -12,7 +12,11 @@ Each case opens a socket to a node and writes one of:
   management request, dynamic receiver, two sessions, the anonymous relay,
   a multi-frame and an aborted transfer; and what python-qpid-proton itself
   sends for a producer and a consumer, recorded through a proxy at start,
-  ``capture.py``), mutated: a field changed to a
+  ``capture.py``); or, a fifth of the time, a producer or consumer on the
+  queue-feature queues ``features.FEATURE_QUEUES`` (header priorities,
+  ``x-opt-delivery-time``/``-delay`` annotations, message-ids, last-value
+  keys and group headers of every type; settlements that count toward a
+  delivery limit), sent as it is half of the time; mutated: a field changed to a
   neighbour or to any AMQP value, a frame's channel, performative code, type,
   data offset or size field broken, frames dropped, repeated up to 3000
   times, swapped, moved out of order, empty frames, payload bytes broken;
@@ -29,7 +33,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from . import amqp, capture, mutate
+from . import amqp, capture, features, mutate
 from .amqp import Frame
 from .base import (
     FUZZ_QUEUE,
@@ -40,10 +44,12 @@ from .base import (
     converse,
     sasl_login,
 )
+from .checks import admin_request
 from .node import FuzzNode
 from .wire import Raw
 
 MECHANISMS = ["PLAIN", "SCRAM-SHA-256"]
+FEATURE_SHARE = 0.2  # of the scripts after authentication: a feature producer or consumer (features.py)
 
 
 class Frames(Kind):
@@ -62,6 +68,11 @@ class Frames(Kind):
                                                  FUZZ_QUEUE))
         self.templates["captured"] = lambda: [amqp.copy_frame(f) for f in captured]
 
+    def prepare(self, node: FuzzNode) -> None:
+        super().prepare(node)
+        for queue, arguments in features.FEATURE_QUEUES.items():  # what the feature scripts send to and take from
+            admin_request(node, "CREATE", "queue", queue, {"arguments": arguments})
+
     def run_case(self, rng: random.Random, index: int) -> CaseRecord:
         record = CaseRecord()
         roll = rng.random()
@@ -79,6 +90,14 @@ class Frames(Kind):
     # -- the three shapes of a case ------------------------------------------------------
 
     def _script(self, rng: random.Random, record: CaseRecord) -> list[Any]:
+        if rng.random() < FEATURE_SHARE:  # queue features: priorities, scheduled delivery, ids, keys, settlements
+            script, notes = features.feature_script(rng)
+            record.description.extend(notes)
+            if rng.random() < 0.5:
+                return script
+            frames, notes = mutate.mutate_script(rng, script)
+            record.description.extend(notes)
+            return frames
         name = rng.choice(sorted(self.templates))
         record.note(f"script {name}")
         frames, notes = mutate.mutate_script(rng, self.templates[name]())

@@ -9,6 +9,12 @@ USER-PASSWD, USER-DEL, ACL-RELOAD), or one it does not, and is mutated:
 
 - the application properties: operation, type and name changed to other
   strings, other types (numbers, lists, maps, binary), huge or missing;
+- a queue CREATE's arguments, half of the time, include the queue features
+  (``features.queue_arguments``: priorities, delivery limit, single active
+  consumer, dedup window, last-value key, group header, shared groups;
+  valid, at a boundary, strings that only look like numbers, wrong types,
+  combinations the node refuses), which the node must take or refuse with
+  a clear error (400), creating nothing;
 - the body: keys dropped, values of the wrong type (a string for a number, a
   list for a map), huge or deeply nested values, extra keys, a body that is
   not a map at all;
@@ -36,7 +42,7 @@ from proton import Delivery, Endpoint, Message
 
 from hastandby.client import ManagementError
 
-from . import mutate, values
+from . import features, mutate, values
 from .base import REFERENCE_QUEUE, CaseRecord, Kind
 from .checks import admin_request
 from .wire import Engine, WireError
@@ -74,6 +80,8 @@ def request_for(rng: random.Random, operation: str) -> tuple[dict[str, Any], Any
                           ("qpid.auto_delete_timeout", lambda: rng.choice([0, 0.5, 10]))):
             if rng.random() < 0.4:
                 arguments[key] = make()
+        if rng.random() < 0.5:  # queue features: valid, boundary, look-alike and wrong-typed values (features.py)
+            arguments = features.queue_arguments(rng, arguments)
         body = {"arguments": arguments, "exclusive": rng.random() < 0.2, "auto-delete": rng.random() < 0.2,
                 "durable": False}
     elif operation in ("BIND", "UNBIND"):
@@ -106,7 +114,8 @@ def _protect(properties: dict[str, Any], body: Any) -> None:
 
 
 def mutated_request(rng: random.Random, record: CaseRecord) -> tuple[dict[str, Any], Any, list[str]]:
-    operation = rng.choice(OPERATIONS) if rng.random() < 0.9 else values.text(rng)
+    # CREATE weighs four times the others: queue arguments (features.py) are what most of it checks.
+    operation = rng.choice(OPERATIONS + ["CREATE"] * 3) if rng.random() < 0.9 else values.text(rng)
     properties, body = request_for(rng, operation if isinstance(operation, str) else "")
     notes = [f"request {operation!r}"]
     for _ in range(rng.choice([0, 1, 1, 2, 3])):

@@ -1,7 +1,7 @@
 """The node under fuzz: a real ``hastandby serve`` process, its JSON log, and what in it is a failure.
 
 ``FuzzNode`` starts a node with a users file of the run's own
-(``benchmarks/_auth.py``: ``admin``, ``peer`` in group ``cluster``, ``app``),
+(``hastandby/testing/auth.py``: ``admin``, ``peer`` in group ``cluster``, ``app``),
 ``--log-format json`` into a file, and authentication required (or
 ``--allow-anonymous`` when a kind asks for it); it is stopped by PID, and
 restarted after a crash or a hang so that a long run goes on.
@@ -53,8 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks._auth import ADMIN, Users
-from benchmarks._proc import free_port
+from hastandby.testing.auth import ADMIN, Users
+from hastandby.testing.processes import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 REFUSAL_TYPES = {"ValueError", "CredentialsError", "BrokerError", "InvalidArgument", "NotFound", "NotAllowed", "AlreadyExists",

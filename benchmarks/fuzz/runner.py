@@ -247,7 +247,7 @@ def table(tallies: list[Tally]) -> str:
 
 def fuzz(kind_name: str, cases: int, seed: int, directory: Any, start: int = 0, verbose: bool = False) -> Tally:
     """Start ``kind_name``'s nodes in ``directory``, run ``cases`` cases from ``seed``, stop the nodes."""
-    from benchmarks._auth import users
+    from hastandby.testing.auth import users
 
     from .kinds import KINDS
 

@@ -8,10 +8,10 @@ ordinary proton clients, and checks what came out (``docs/nemesis.md``).
 | module | holds |
 |---|---|
 | ``schedule`` | ops and schedules as data: the seeded generator and the fixed schedules (pure) |
-| ``checker`` | the total-queue checker and the replica diff (pure) |
-| ``network`` | namespaces on a bridge; partitions as blackhole routes |
+| ``hastandby.testing.checker`` | the total-queue checker and the replica diff (pure) |
+| ``hastandby.testing.netns`` | ``Network``: namespaces on a bridge; partitions as neighbour entries |
 | ``cluster`` | etcd and the nodes in their namespaces; signals, restarts, promote, status |
-| ``workload`` | the clients process (``benchmarks.numbered_client``) in its namespace; the history read back; the final drain |
+| ``workload`` | the clients process (``hastandby.testing.numbered_client``) in its namespace; the history read back; the final drain |
 | ``replicas`` | browsing the replicas and comparing them |
 | ``executor`` | runs ops against the cluster |
 | ``runner`` | one schedule from start to verdict |

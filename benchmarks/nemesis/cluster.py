@@ -3,10 +3,10 @@
 The nemesis acts on it only from outside, as an operator or a failing
 machine would: signals to a node's PID (kill -9, SIGSTOP/SIGCONT, SIGTERM),
 starting a node again, ``hastandby promote``, and partitions of the network
-(``network.py``).  What it knows of the nodes' roles it learns as an
+(``hastandby/testing/netns.py``).  What it knows of the nodes' roles it learns as an
 operator does, from ``STATUS`` (what ``hastandby status`` prints), polled by
 one thread per node (``benchmarks.failover.StatusPoller``).  Nodes require
-authentication as in production (``benchmarks/_auth.py``): backups as
+authentication as in production (``hastandby/testing/auth.py``): backups as
 ``peer``, the harness as ``admin``, the clients as ``app``.
 
 Every process started here is stopped by PID in :meth:`Cluster.stop`
@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from hastandby.client import Login, ManagementClient
-from tests.support.etcd import EtcdServer
+from hastandby.testing import auth as _auth
+from hastandby.testing.etcd import EtcdServer
+from hastandby.testing.netns import Host, Network
+from hastandby.testing.processes import Service, python_env
 
-from .. import _auth
-from .._proc import Service, python_env
 from ..failover import StatusPoller
 from ..throughput import REPO_ROOT
-from .network import Host, Network
 
 NODE_PORT = 5672  # every node has a namespace, hence an address, of its own
 VIRTUAL_IP_HOST = 100  # a virtual IP is 10.78.N.100 (hosts are .10 and up)
@@ -54,7 +54,7 @@ class NodeExited(ClusterError):
 
 
 class NamespacedEtcd(EtcdServer):
-    """``tests.support.etcd.EtcdServer`` run inside a namespace, listening on its bridge address."""
+    """``hastandby.testing.etcd.EtcdServer`` run inside a namespace, listening on its bridge address."""
 
     def __init__(self, host: Host) -> None:
         super().__init__(host=host.address)  # its URLs, client and peer, on the bridge address
@@ -129,11 +129,13 @@ class Cluster:
     """etcd and the nodes of one schedule, on a network of their own; ``stop()`` always runs."""
 
     def __init__(self, network: Network, node_ids: list[str], workdir: Path, cluster_name: str,
-                 serve_options: tuple[str, ...] = (), virtual_ip: bool = False) -> None:
+                 serve_options: tuple[str, ...] = (), virtual_ip: bool = False,
+                 queue_arguments: dict[str, Any] | None = None) -> None:
         """``serve_options``: more ``hastandby serve`` arguments for every node (e.g. ``--heartbeat 1``);
         ``virtual_ip``: the primary holds an address of the network no host has (``serve --virtual-ip``), for
-        clients that know only it."""
+        clients that know only it; ``queue_arguments``: more arguments of the queue (e.g. ``x-dedup-window``)."""
         self.network = network
+        self.queue_arguments = dict(queue_arguments or {})
         self.serve_options = serve_options
         self.virtual_ip = network.address(VIRTUAL_IP_HOST) if virtual_ip else None
         self.workdir = workdir
@@ -180,7 +182,8 @@ class Cluster:
         primary = self.wait(self.settled, START_TIMEOUT, "one primary and every other node its backup")
         queues_before = {n.node_id: int((n.status or {}).get("queues") or 0) for n in self.nodes.values()}
         with ManagementClient(self.nodes[primary].address, timeout=10, login=self.admin) as client:
-            client.request("CREATE", "queue", QUEUE, {"arguments": {"qpid.replicate": "all"}, "durable": True})
+            client.request("CREATE", "queue", QUEUE, {"arguments": {"qpid.replicate": "all", **self.queue_arguments},
+                                                      "durable": True})
         self.wait(lambda: all(int((n.status or {}).get("queues") or 0) > queues_before[n.node_id]
                               for n in self.nodes.values()), 15.0, f"queue {QUEUE!r} on every node")
 

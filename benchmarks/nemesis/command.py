@@ -60,11 +60,23 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--results", type=Path, default=DEFAULT_OUT, help="where the summary JSON goes")
     p.add_argument("--keep-logs", action="store_true",
                    help="keep every schedule's node and client logs (default: only those with a problem)")
+    p.add_argument("--queue", choices=("plain", "dedup", "both"), default="plain",
+                   help="the workload's queue: plain (default), dedup (declared with x-dedup-window: a producer's "
+                        "re-send of a message-id it already enqueued is accepted and not enqueued again), or both: "
+                        "every schedule runs on a plain queue, then on a dedup queue (duplicates per schedule "
+                        "with and without dedup)")
+    p.add_argument("--dedup-window", type=int, default=DEDUP_WINDOW, metavar="SECONDS",
+                   help=f"the dedup queue's x-dedup-window (default {DEDUP_WINDOW}: longer than a schedule)")
     return p
+
+
+DEDUP_WINDOW = 600
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if not 1 <= args.dedup_window <= 86400:
+        parser().error("--dedup-window must be 1 to 86400 seconds")
     count = args.schedules if args.schedules is not None else (0 if args.fixed else 1)
     if count < 0:
         parser().error("--schedules must not be negative")
@@ -76,19 +88,25 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.now(UTC)
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
     run_id = f"nemesis-{stamp}"
-    settings = Settings(out=args.out or DEFAULT_OUT / f"nemesis-traces-{stamp}", keep_logs=args.keep_logs)
+    out = args.out or DEFAULT_OUT / f"nemesis-traces-{stamp}"
+    kinds = {"plain": [0], "dedup": [args.dedup_window], "both": [0, args.dedup_window]}[args.queue]
+    runs = [(schedule, Settings(out=out, keep_logs=args.keep_logs, dedup_window=window))
+            for schedule in schedules for window in kinds]
+    settings = runs[0][1] if runs else Settings(out=out, keep_logs=args.keep_logs)
     command = shlex.join([sys.executable, "-m", "benchmarks.nemesis", *(sys.argv[1:] if argv is None else argv)])
     print(f"nemesis: {len(args.fixed)} fixed + {count} random schedules (seeds {seed}..{seed + count - 1}, "
-          f"faults {','.join(args.faults)}); traces in {settings.out}", flush=True)
+          f"faults {','.join(args.faults)}; queue {args.queue}"
+          + (f", x-dedup-window {args.dedup_window}" if args.queue != "plain" else "")
+          + f"); traces in {settings.out}", flush=True)
     host_at_start, code_at_start = host_info(), _worktree()
     results: list[dict[str, Any]] = []
     interrupted = False
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None  # e.g. from `timeout`
     try:
-        for index, schedule in enumerate(schedules, 1):
-            print(f"[{index}/{len(schedules)}] {schedule.name}: {schedule}", flush=True)
-            result = run_schedule(schedule, run_id, settings)
+        for index, (schedule, run_settings) in enumerate(runs, 1):
+            print(f"[{index}/{len(runs)}] {schedule.name} ({run_settings.queue_kind} queue): {schedule}", flush=True)
+            result = run_schedule(schedule, run_id, run_settings)
             results.append(result)
             print(_progress(result), flush=True)
     except KeyboardInterrupt:
@@ -106,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         "interrupted": interrupted,
         "first_seed": seed,
         "faults": list(args.faults),
+        "queue": args.queue,
+        "dedup_window": args.dedup_window if args.queue != "plain" else None,
+        "duplicates_by_queue": duplicates_by_queue(results),
         "host": host_at_start,
         "node_code": code_at_start,
         "traces": str(settings.out),
@@ -128,8 +149,11 @@ def _interrupt(signum: int, frame: Any) -> None:
 def _progress(result: dict[str, Any]) -> str:
     v = result["verdict"]
     status = "ok" if result["ok"] else f"*** {result['status']} ***"
+    dedup = f" ({result.get('duplicated_resent')} of them re-sent"
+    dedup += (f", deduplicated {result['deduplicated']} by the nodes still running)"
+              if result.get("queue") == "dedup" else ")")
     line = (f"    {status} in {result['duration_s']:.0f} s: acked {v['acknowledged']} lost {v['lost']} "
-            f"unexpected {v['unexpected']} duplicated {v['duplicated']} recovered {v['recovered']}, "
+            f"unexpected {v['unexpected']} duplicated {v['duplicated']}{dedup} recovered {v['recovered']}, "
             f"replica mismatches {result['replica_mismatches']} in {len(result['replica_checks'])} checks"
             + (f", virtual IP misplaced in {result['virtual_ip_misplaced_checks']} (acked through it "
                f"{result['acknowledged_by_client'].get(VIRTUAL_IP_PRODUCER, 0)})"
@@ -152,14 +176,46 @@ def _progress(result: dict[str, Any]) -> str:
     return "\n".join([line, *(f"      {n}" for n in notes)])
 
 
+def duplicates_by_queue(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per queue kind (plain, dedup): schedules, ids received more than once, per schedule, and what else
+    bears on it (the producers' in-doubt re-sends, acknowledged, lost)."""
+    figures: dict[str, dict[str, Any]] = {}
+    for r in results:
+        f = figures.setdefault(r.get("queue", "plain"), {"schedules": 0, "duplicated": 0, "duplicates": 0,
+                                                          "in_doubt": 0, "acknowledged": 0, "lost": 0,
+                                                          "deduplicated": 0, "duplicated_resent": 0,
+                                                          "duplicated_redelivered": 0})
+        v = r["verdict"]
+        f["schedules"] += 1
+        for key in ("duplicated", "duplicates", "acknowledged", "lost"):
+            f[key] += int(v[key])
+        f["in_doubt"] += int(r["client_events"].get("in_doubt", 0))
+        f["deduplicated"] += int(r.get("deduplicated") or 0)
+        f["duplicated_resent"] += int(r.get("duplicated_resent") or 0)
+        f["duplicated_redelivered"] += int(r.get("duplicated_redelivered") or 0)
+    for f in figures.values():
+        f["per_schedule"] = round(f["duplicated"] / f["schedules"], 2)
+    return figures
+
+
 def print_table(results: list[dict[str, Any]]) -> None:
-    print(f"\n{'schedule':<38}{'seed':>8}{'acked':>7}{'lost':>6}{'unexp':>6}{'dup':>6}{'replica':>8}  "
-          f"{'status':<13} faults")
+    print(f"\n{'schedule':<38}{'queue':>6}{'seed':>8}{'acked':>7}{'lost':>6}{'unexp':>6}{'dup':>6}{'resent':>7}"
+          f"{'dedup':>6}"
+          f"{'replica':>8}  {'status':<13} faults")
     for r in results:
         v = r["verdict"]
-        print(f"{r['schedule']:<38}{r['seed'] if r['seed'] is not None else '-':>8}"
+        deduplicated = r.get("deduplicated")
+        print(f"{r['schedule']:<38}{r.get('queue', 'plain'):>6}{r['seed'] if r['seed'] is not None else '-':>8}"
               f"{v['acknowledged']:>7}{v['lost']:>6}{v['unexpected']:>6}{v['duplicated']:>6}"
+              f"{r.get('duplicated_resent', '-'):>7}{deduplicated if deduplicated is not None else '-':>6}"
               f"{r['replica_mismatches']:>8}  {r['status']:<13} {','.join(r['faults'])}")
+    by_queue = duplicates_by_queue(results)
+    if len(by_queue) > 1 or "dedup" in by_queue:
+        print("duplicates per schedule: " + "; ".join(
+            f"{kind} queue {f['duplicated']} in {f['schedules']} schedules ({f['per_schedule']:.1f} per schedule; "
+            f"of a re-send {f['duplicated_resent']}, delivered twice {f['duplicated_redelivered']}; "
+            f"{f['in_doubt']} in doubt, {f['acknowledged']} acknowledged, {f['lost']} lost)"
+            for kind, f in by_queue.items()))
     bad = sum(1 for r in results if not r["ok"])
     print(f"{len(results)} schedules, {bad} with a problem (INVALID: lost or unexpected messages; MISMATCH: a "
           "backup's copy differs; NO VERDICT: not drained, e.g. no primary after the schedule; VIP MISPLACED: the "

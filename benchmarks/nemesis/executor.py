@@ -20,9 +20,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .checker import ReplicaDiff
+from hastandby.testing.checker import ReplicaDiff
 from .cluster import Cluster, ClusterError, NodeExited
-from .network import Network
+from hastandby.testing.netns import Network
 from .replicas import BrowseError, verify_replicas
 from .schedule import (
     CHECK,

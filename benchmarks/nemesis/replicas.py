@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from hastandby.client import Login, ManagementClient, ManagementError
 from hastandby.verify import read_copy
 
-from .checker import ReplicaDiff, compare_replicas
+from hastandby.testing.checker import ReplicaDiff, compare_replicas
 
 
 class BrowseError(RuntimeError):

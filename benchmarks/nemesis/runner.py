@@ -34,10 +34,10 @@ from typing import Any
 from hastandby.client import ManagementClient, ManagementError
 from spark_analysis import trace_schema as ts
 
-from .checker import QueueVerdict, check_total_queue
+from hastandby.testing.checker import QueueVerdict, check_total_queue
 from .cluster import LEASE_TTL, QUEUE, Cluster
 from .executor import Executor
-from .network import Network
+from hastandby.testing.netns import Network
 from .schedule import NODE_IDS, Schedule
 from .trace import CHECKER, Trace, add_client_events, add_cluster_events
 from .workload import History, Workload, drain
@@ -51,11 +51,20 @@ class Settings:
 
     out: Path
     keep_logs: bool = False
+    dedup_window: int = 0  # seconds: the queue is declared with x-dedup-window (docs/queues.md); 0: a plain queue
+
+    @property
+    def queue_kind(self) -> str:
+        return "dedup" if self.dedup_window else "plain"
+
+    @property
+    def queue_arguments(self) -> dict[str, Any]:
+        return {"x-dedup-window": self.dedup_window} if self.dedup_window else {}
 
 
 def run_schedule(schedule: Schedule, run_id: str, settings: Settings) -> dict[str, Any]:
     """Run ``schedule`` on a fresh cluster; return its summary (the verdict's figures, checks, errors, paths)."""
-    round_id = f"{run_id}-{schedule.name}"
+    round_id = f"{run_id}-{schedule.name}" + ("-dedup" if settings.dedup_window else "")
     workdir = Path(tempfile.mkdtemp(prefix="nemesis-"))
     trace = Trace(round_id)
     started = time.time()
@@ -68,9 +77,11 @@ def run_schedule(schedule: Schedule, run_id: str, settings: Settings) -> dict[st
     depth_after: int | None = None
     problems: list[str] = []
     t_teardown = None
+    deduplicated: int | None = None
     try:
         network = Network(HOSTS)
-        cluster = Cluster(network, list(NODE_IDS), workdir, cluster_name=round_id, virtual_ip=schedule.virtual_ip)
+        cluster = Cluster(network, list(NODE_IDS), workdir, cluster_name=round_id, virtual_ip=schedule.virtual_ip,
+                          queue_arguments=settings.queue_arguments)
         cluster.start()
         workload = Workload(network["clients"], [n.url for n in cluster.nodes.values()], QUEUE, workdir,
                             cluster.users.client_environment())
@@ -94,6 +105,7 @@ def run_schedule(schedule: Schedule, run_id: str, settings: Settings) -> dict[st
             live = [n.url for n in cluster.nodes.values() if n.running]
             drained = drain(live, QUEUE, workdir / "drain-history.jsonl", cluster.users.connect_options())
             depth_after = _depth(cluster)
+            deduplicated = _deduplicated(cluster)
     except Exception as exc:  # noqa: BLE001 - the schedule fails with its error; the run goes on
         error = f"{type(exc).__name__}: {exc}"
     finally:  # also on KeyboardInterrupt: every process is stopped by PID, the network deleted
@@ -129,8 +141,36 @@ def run_schedule(schedule: Schedule, run_id: str, settings: Settings) -> dict[st
     path = trace.write(settings.out / f"{round_id}{ts.TRACE_SUFFIX}")
     result = _summary(schedule, round_id, verdict, checks, mismatches, error, complete, drained, depth_after,
                       history, problems, executor, started, path)
+    result["queue"] = settings.queue_kind
+    result["dedup_window"] = settings.dedup_window
+    result["deduplicated"] = deduplicated if settings.dedup_window else None
+    # Which duplicates a re-send made (the id was attempted more than once: in doubt, or released) and which
+    # a second delivery of one enqueued copy (attempted once): dedup can only remove the first kind.
+    resent = {i for i, n in Counter(history.attempted).items() if n > 1}
+    result["duplicated_resent"] = len(verdict.duplicated & resent)
+    result["duplicated_redelivered"] = len(verdict.duplicated - resent)
+    result["resent_ids"] = len(resent)
     result["logs"] = _keep_logs(result, settings, workdir, round_id)
     return result
+
+
+def _deduplicated(cluster: Cluster) -> int | None:
+    """The queue's ``deduplicated`` counts of every running node, summed: the re-sends each took as
+    duplicates while it was primary (a backup never drops one; a node counts from its process start, so
+    what a node killed later had counted is not in it).  None if no node answered."""
+    total, answered = 0, False
+    for node in cluster.nodes.values():
+        if not node.running:
+            continue
+        try:
+            with ManagementClient(node.address, timeout=5, login=cluster.admin) as client:
+                queues = client.request("QUERY")["queues"]
+        except ManagementError:
+            continue
+        stats = next((q.get("stats") or {} for q in queues if q["name"] == QUEUE), {})
+        if stats.get("deduplicated") is not None:
+            total, answered = total + int(stats["deduplicated"]), True
+    return total if answered else None
 
 
 def _depth(cluster: Cluster) -> int | None:

@@ -1,6 +1,6 @@
 """The harness's side of the workload: the clients process in its namespace, and what it recorded.
 
-``Workload`` starts ``python -m benchmarks.numbered_client`` (the numbered
+``Workload`` starts ``python -m hastandby.testing.numbered_client`` (the numbered
 failover client every harness uses) inside the clients' namespace (so
 partitions can cut the clients off a node), sends it commands and reads its
 status lines.  Every message is durable (the queue is durable and the nodes
@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._proc import python_env
-from ..numbered_client import HEARTBEAT, HistoryWriter, NumberedReceiver
-from ..numbered_client import drain as drain_queue
+from hastandby.testing.numbered_client import HEARTBEAT, HistoryWriter, NumberedReceiver
+from hastandby.testing.numbered_client import drain as drain_queue
+from hastandby.testing.processes import python_env
+
 from ..throughput import REPO_ROOT
-from .network import Host
+from hastandby.testing.netns import Host
 
 PRODUCER_RATE = 25.0  # messages/s per background producer
 PRODUCERS = ("p1", "p2", "p3")
@@ -57,7 +58,7 @@ class Workload:
         self.status: dict[str, dict[str, Any]] = {}
         self.errors: list[str] = []
         self.background: list[str] = []  # the background producers started (start_background)
-        command = host.command(sys.executable, "-m", "benchmarks.numbered_client", "--urls", ",".join(urls),
+        command = host.command(sys.executable, "-m", "hastandby.testing.numbered_client", "--urls", ",".join(urls),
                                "--queue", queue, "--history", str(self.history_path), "--window", str(WINDOW),
                                "--credit", str(CREDIT), "--time-limit", "600", *options)
         with open(self.log_path, "ab") as log:

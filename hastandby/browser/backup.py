@@ -32,6 +32,9 @@ from hastandby.replication.codec import (
     receive_controls,
 )
 from .protocol import (
+    HELLO,
+    MEMBERS,
+    BackupStatus,
     Hello,
     LINEAGE_PROPERTY,
     PeerMember,
@@ -100,6 +103,7 @@ class BackupReplication:
         self.replicators: dict[str, QueueReplicator] = {}
         self.replica = WiringReplica(registry, self._queue_replicated, self._queue_dropped)
         self.primary: PeerMember | None = None  # the primary followed (its hello's); None: none, or refused
+        self.members: list[PeerMember] = []  # as the primary followed last told them (kept across roles)
         self.primary_term = 0
         self.connection: Connection | None = None
         self.session: Session | None = None
@@ -175,7 +179,7 @@ class BackupReplication:
             return
         self._status_seq += 1
         delivery = link.delivery(f"s{self._status_seq}")
-        link.send(encode_control({"memory_alarm": self.memory.local}))
+        link.send(encode_control(BackupStatus(self.memory.local).to_wire()))
         link.advance()
         delivery.settle()
 
@@ -226,16 +230,16 @@ class BackupReplication:
 
     def wiring_message(self, body: dict[str, Any]) -> None:
         kind = body.get("type")
-        if kind == "hello":
+        if kind == HELLO:
             hello = decode_hello(body)  # ProtocolError before anything is kept
             self.primary = hello.primary
             self.primary_term = hello.term
             self.on_connected(self.primary_term, hello)
             if self.primary is not None:  # the node loop may have refused the term
-                self.on_members(self.primary_term, hello.members)
-        elif kind == "members":
+                self._members(self.primary_term, hello.members)
+        elif kind == MEMBERS:
             term, members = decode_members_update(body)
-            self.on_members(term, members)
+            self._members(term, members)
         elif kind == ACCESS:
             if self.access is not None and self.primary is not None:  # only from a primary whose hello was taken
                 try:
@@ -247,6 +251,10 @@ class BackupReplication:
                 self.replica.apply(body)
             except ValueError as error:
                 self.resync(str(error))
+
+    def _members(self, term: int, members: list[PeerMember]) -> None:
+        self.members = list(members)
+        self.on_members(term, members)
 
     def _queue_replicated(self, queue: Queue) -> None:
         """Start (or restart, on a new session) the replicating browser for ``queue``."""

@@ -37,7 +37,6 @@ electable for when the primary dies.
 
 from __future__ import annotations
 
-import enum
 from typing import Any, Callable
 
 import structlog
@@ -53,6 +52,7 @@ from hastandby.broker.memory import MemoryAlarm
 from hastandby.broker.queue import Queue
 from hastandby.broker.registry import Node, Registry
 from hastandby.broker.values import plain
+from hastandby.lifecycle.states import State
 from hastandby.wiring.access import AccessPublisher
 from hastandby.wiring.publisher import WiringPublisher
 
@@ -65,10 +65,9 @@ from hastandby.replication.codec import (
     receive_controls,
 )
 from .protocol import (
-    LINEAGE_PROPERTY,
-    MEMBER_CATCHUP,
-    MEMBER_PRIMARY,
-    MEMBER_READY,
+    BrowserReply,
+    Hello,
+    MembersUpdate,
     PeerMember,
     REPLICATE_PROPERTY,
     STATUS_ADDRESS,
@@ -176,13 +175,6 @@ class StatusReceiver:
         self.memory.set_remote(self.node_id, None)
 
 
-class BackupState(enum.Enum):
-    """Where one backup stands with this primary (reported by its ``value`` in status)."""
-
-    CATCHUP = MEMBER_CATCHUP  # connected or expected, not yet holding every replicated queue
-    READY = MEMBER_READY  # holds every replicated queue: may be elected
-
-
 class RemoteBackup:
     """What the primary knows of one backup."""
 
@@ -190,7 +182,10 @@ class RemoteBackup:
         self.node_id = node_id
         self.url = url
         self.expected = expected
-        self.state = BackupState.CATCHUP
+        # Where it stands with this primary, as it says itself (the members list names these "catchup", "ready"):
+        # CATCHUP, connected or expected but not yet holding every replicated queue; BACKUP, holding every one
+        # (it may be elected).
+        self.state = State.CATCHUP
         self.connected = False
         self.wiring: WiringLink | None = None
         # One guard per replicated queue, for as long as this backup is known:
@@ -227,7 +222,7 @@ class RemoteBackup:
         # (ready): a new primary guarded every message for the backups it
         # expects, so nothing acknowledged is missing from them; any other
         # backup in catch-up may lack acknowledged messages.
-        return PeerMember(self.node_id, self.url, self.state.value, connected=self.connected, expected=self.expected)
+        return PeerMember.of(self.node_id, self.url, self.state, connected=self.connected, expected=self.expected)
 
 
 class PrimaryReplication:
@@ -307,17 +302,17 @@ class PrimaryReplication:
 
     def members(self) -> list[PeerMember]:
         """This primary and its backups, as the wiring link (``to_wire``) and QUERY tell them."""
-        me = PeerMember(str(self.me["node_id"]), str(self.me.get("url", "")), MEMBER_PRIMARY)
+        me = PeerMember.of(str(self.me["node_id"]), str(self.me.get("url", "")), State.PRIMARY)
         return [me] + [b.member() for b in self.backups.values()]
 
     def hello(self) -> dict[str, Any]:
-        return {"type": "hello", "primary": self.me, "term": self.term,
-                "replicate_default": self.registry.default_replicate,
-                "members": [m.to_wire() for m in self.members()]}
+        """The first map on a backup's wiring link (``protocol.Hello``)."""
+        me = PeerMember(str(self.me["node_id"]), str(self.me.get("url", "")))
+        return Hello(me, self.term, self.registry.default_replicate, self.members()).to_wire()
 
     def _broadcast_members(self) -> None:
         self._update_sync_wanted()
-        body = {"type": "members", "term": self.term, "members": [m.to_wire() for m in self.members()]}
+        body = MembersUpdate(self.term, self.members()).to_wire()
         for backup in self.backups.values():
             if backup.wiring is not None:
                 backup.wiring.send(body)
@@ -331,7 +326,7 @@ class PrimaryReplication:
         Backups on their way out stay in it while fewer than ``min_sync`` nodes would remain.
         """
         wanted = frozenset({str(self.me["node_id"])}) | {
-            b.node_id for b in self.backups.values() if b.expected or b.state is BackupState.READY}
+            b.node_id for b in self.backups.values() if b.expected or b.state is State.BACKUP}
         if len(wanted) < self.min_sync:
             wanted |= frozenset(self.leaving)
         if wanted != self.sync_wanted:
@@ -453,7 +448,7 @@ class PrimaryReplication:
                 transport.close_head()
             backup = self._backup({"node_id": backup.node_id, "url": backup.url})
         backup.connected = True
-        backup.state = BackupState.CATCHUP
+        backup.state = State.CATCHUP
         backup.catchup = {q.name for q in self._replicated_queues()}
         wiring = WiringLink(link, self, backup)
         backup.wiring = wiring
@@ -483,8 +478,7 @@ class PrimaryReplication:
             old.close()  # its guard is the backup's, and holds on for the new browser
         # The backup drops its copy from this point on when it reads our lineage.
         point = lineage.divergence(backup_lineage, queue.lineage)
-        reply: dict[Any, Any] = {LINEAGE_PROPERTY: lineage.to_wire(queue.lineage)}
-        link.properties = reply
+        link.properties = BrowserReply(queue.lineage).to_wire()
         replaced = len(backup_ids) - len(backup_ids.below(point))
         if replaced:
             log.info("backup holds messages of another lineage: they are replaced", backup=backup.node_id,
@@ -502,9 +496,9 @@ class PrimaryReplication:
         self._check_ready(backup)
 
     def _check_ready(self, backup: RemoteBackup) -> None:
-        if backup.state is BackupState.READY or not backup.connected or backup.catchup:
+        if backup.state is State.BACKUP or not backup.connected or backup.catchup:
             return
-        backup.state = BackupState.READY
+        backup.state = State.BACKUP
         log.info("backup ready", backup=backup.node_id)
         earlier = self.leaving.pop(backup.node_id, None)
         if earlier is not None:  # its last connection's guards: this one has all they held now
@@ -528,7 +522,7 @@ class PrimaryReplication:
     def _check_expected(self) -> None:
         if not self.recovering:
             return
-        waiting = [b for b in self.backups.values() if b.expected and b.state is not BackupState.READY]
+        waiting = [b for b in self.backups.values() if b.expected and b.state is not State.BACKUP]
         if not waiting:
             self._finish_recovery(timed_out=False)
 
@@ -540,7 +534,7 @@ class PrimaryReplication:
                 log.warning("expected backup did not reconnect in time", backup=backup.node_id)
                 self._depart(backup)
         self._broadcast_members()
-        if self.recovering and not any(b.expected and b.state is not BackupState.READY for b in self.backups.values()):
+        if self.recovering and not any(b.expected and b.state is not State.BACKUP for b in self.backups.values()):
             self._finish_recovery(timed_out=True)
 
     def _finish_recovery(self, timed_out: bool) -> None:

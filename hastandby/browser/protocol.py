@@ -22,18 +22,28 @@ is in alarm (``broker/memory.py``).
 Batches, dequeues, id sets and control maps are the replication codec every
 replicating link shares (``replication/codec.py``); this module holds what
 only hot standby says: the hello, members, a backup's status and a
-replicating browser's request.
+replicating browser's request and its reply.  Each is a frozen dataclass that
+both sides use, as ``dr/protocol.py``'s are: the sender builds the map with
+``to_wire``, the receiver checks it with ``from_wire`` (or the ``decode_*``
+function of the same name), which raises ``ProtocolError`` naming the field.
+
+Member states.  A node names its role with ``lifecycle/states.py``'s
+``State`` (a module without imports: the vocabulary, not the lifecycle); the
+wire keeps Qpid's names, ``"ready"`` for a caught-up backup
+(``State.BACKUP``) and ``"catchup"``, ``"primary"``, and ``MEMBER_STATES``
+translates between them here only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from proton import symbol
 
 from hastandby.broker import lineage
 from hastandby.broker.idset import IdSet
+from hastandby.lifecycle.states import State
 from hastandby.replication.codec import IDS_PROPERTY, ProtocolError, decode_ids, decode_term, short
 
 REPLICATE_PROPERTY = symbol("qpid.ha-replicate")
@@ -43,18 +53,45 @@ WIRING_ADDRESS = "$ha.wiring"
 STATUS_ADDRESS = "$ha.status"
 
 
+@dataclass(frozen=True)
+class BackupIdentity:
+    """What a backup's connection says of it in its ``qpid.ha-backup`` property (``replication/codec.py``
+    ``BACKUP_PROPERTY``): node id, URL and state.  The state goes as ``State``'s own value (``"backup"``, not a
+    members list's ``"ready"``); the primary reads the map leniently (``primary.backup_info``)."""
+
+    node_id: str
+    url: str
+    state: State
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"node_id": self.node_id, "url": self.url, "state": str(self.state)}
+
+
+@dataclass(frozen=True)
+class BackupStatus:
+    """A backup's message on its status link: its memory alarm (``{"memory_alarm": bool}``)."""
+
+    memory_alarm: bool = False
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any]) -> BackupStatus:
+        alarm = body.get("memory_alarm", False)
+        if not isinstance(alarm, bool):
+            raise ProtocolError("status.memory_alarm", f"{short(alarm)} is not a boolean")
+        return cls(alarm)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"memory_alarm": self.memory_alarm}
+
+
 def decode_status(body: dict[str, Any]) -> bool:
-    """A backup's status message: its memory alarm."""
-    alarm = body.get("memory_alarm", False)
-    if not isinstance(alarm, bool):
-        raise ProtocolError("status.memory_alarm", f"{short(alarm)} is not a boolean")
-    return alarm
+    """A backup's status message: its memory alarm (``BackupStatus.from_wire``)."""
+    return BackupStatus.from_wire(body).memory_alarm
 
 
-MEMBER_PRIMARY = "primary"
-"""The state a primary gives its own entry in a members list (its backups: ``BackupState``, browser/primary.py)."""
-MEMBER_READY = "ready"
-MEMBER_CATCHUP = "catchup"
+MEMBER_STATES: dict[State, str] = {State.PRIMARY: "primary", State.BACKUP: "ready", State.CATCHUP: "catchup"}
+"""A member's state as a members list names it: Qpid's names, ``"ready"`` for ``State.BACKUP``."""
+_STATE_OF: dict[str, State] = {wire: state for state, wire in MEMBER_STATES.items()}
 
 
 @dataclass(frozen=True)
@@ -63,11 +100,11 @@ class PeerMember:
     hello's ``primary``.
 
     On the wire a map; ``node_id`` and ``url`` are always written (absent when read: ``""``), the others only
-    when set.  ``state`` is ``"primary"`` for the primary's own entry and a ``BackupState`` value
-    (``"catchup"``, ``"ready"``) for a backup's, but any string is taken: a newer primary may name states this
-    node does not know, and only ``"ready"`` means anything here.  ``connected`` and ``expected`` are sent for
-    backups; ``term`` is read if present (no primary sends it today).  Other keys are ignored, so a newer
-    primary may add some.
+    when set.  ``state`` is the state's wire name (``MEMBER_STATES``: ``"primary"`` for the primary's own entry,
+    ``"catchup"`` or ``"ready"`` for a backup's; ``of`` makes a member from a ``State``), but any string is
+    taken: a newer primary may name states this node does not know (``status`` is None for those), and only
+    ``"ready"`` means anything here.  ``connected`` and ``expected`` are sent for backups; ``term`` is read if
+    present (no primary sends it today).  Other keys are ignored, so a newer primary may add some.
     """
 
     node_id: str = ""
@@ -77,10 +114,21 @@ class PeerMember:
     expected: bool | None = None
     term: int | None = None
 
+    @classmethod
+    def of(cls, node_id: str, url: str, state: State, connected: bool | None = None,
+           expected: bool | None = None) -> PeerMember:
+        """The member a primary describes: ``state`` by its wire name (``MEMBER_STATES``)."""
+        return cls(node_id, url, MEMBER_STATES[state], connected, expected)
+
+    @property
+    def status(self) -> State | None:
+        """The state as this node names it (``State.BACKUP`` for ``"ready"``); None if not one it knows."""
+        return _STATE_OF.get(self.state) if self.state is not None else None
+
     @property
     def ready(self) -> bool:
         """The primary counts this backup as holding every replicated queue (it may be elected)."""
-        return self.state == MEMBER_READY
+        return self.status is State.BACKUP
 
     @classmethod
     def from_wire(cls, value: Any, field: str) -> PeerMember:
@@ -129,7 +177,12 @@ def decode_members(value: Any, field: str = "members") -> list[PeerMember]:
     return [PeerMember.from_wire(m, f"{field}[{i}]") for i, m in enumerate(value)]
 
 
-@dataclass
+HELLO = "hello"
+MEMBERS = "members"
+"""The ``type`` of the wiring stream's control maps that this module holds (the others: ``wiring/``)."""
+
+
+@dataclass(frozen=True)
 class Hello:
     """A primary's hello on the wiring link.
 
@@ -140,26 +193,52 @@ class Hello:
     primary: PeerMember
     term: int
     replicate_default: str | None
-    members: list[PeerMember]
+    members: list[PeerMember] = field(default_factory=list)
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any]) -> Hello:
+        primary = body.get("primary")
+        member = PeerMember.from_wire({} if primary is None else primary, "hello.primary")
+        term = decode_term(body.get("term"), "hello.term")
+        default = body.get("replicate_default")
+        if default is not None and not isinstance(default, str):
+            raise ProtocolError("hello.replicate_default", f"{short(default)} is not a string")
+        members = decode_members(body.get("members"), "hello.members")
+        return cls(member, term, default, members)
+
+    def to_wire(self) -> dict[str, Any]:
+        """``{"type": "hello", "primary", "term", "replicate_default", "members"}``, every key always written."""
+        return {"type": HELLO, "primary": self.primary.to_wire(), "term": self.term,
+                "replicate_default": self.replicate_default, "members": [m.to_wire() for m in self.members]}
 
 
 def decode_hello(body: dict[str, Any]) -> Hello:
-    primary = body.get("primary")
-    member = PeerMember.from_wire({} if primary is None else primary, "hello.primary")
-    term = decode_term(body.get("term"), "hello.term")
-    default = body.get("replicate_default")
-    if default is not None and not isinstance(default, str):
-        raise ProtocolError("hello.replicate_default", f"{short(default)} is not a string")
-    members = decode_members(body.get("members"), "hello.members")
-    return Hello(member, term, default, members)
+    """A primary's hello (``Hello.from_wire``)."""
+    return Hello.from_wire(body)
+
+
+@dataclass(frozen=True)
+class MembersUpdate:
+    """A primary's ``members`` update on the wiring link: its term and every member, itself first."""
+
+    term: int
+    members: list[PeerMember] = field(default_factory=list)
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any]) -> MembersUpdate:
+        return cls(decode_term(body.get("term"), "members.term"), decode_members(body.get("members")))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": MEMBERS, "term": self.term, "members": [m.to_wire() for m in self.members]}
 
 
 def decode_members_update(body: dict[str, Any]) -> tuple[int, list[PeerMember]]:
-    """A ``members`` update: (term, members)."""
-    return decode_term(body.get("term"), "members.term"), decode_members(body.get("members"))
+    """A ``members`` update: (term, members) (``MembersUpdate.from_wire``)."""
+    update = MembersUpdate.from_wire(body)
+    return update.term, update.members
 
 
-@dataclass
+@dataclass(frozen=True)
 class BrowserRequest:
     """What a backup's replicating browser attach says: the term it follows, the ids and lineage it holds."""
 
@@ -167,14 +246,33 @@ class BrowserRequest:
     ids: IdSet
     lineage: Any
 
+    @classmethod
+    def from_wire(cls, properties: dict[str, Any]) -> BrowserRequest:
+        """The term, ids and lineage of a replicating browser's (plain) link properties."""
+        term = decode_term(properties.get(str(TERM_PROPERTY)), str(TERM_PROPERTY))
+        id_set = decode_ids(properties.get(str(IDS_PROPERTY)), str(IDS_PROPERTY))
+        try:
+            their_lineage = lineage.from_wire(properties.get(str(LINEAGE_PROPERTY)))
+        except (TypeError, ValueError) as error:
+            raise ProtocolError(str(LINEAGE_PROPERTY), str(error)) from None
+        return cls(term, id_set, their_lineage)
+
+    def to_wire(self) -> dict[symbol, Any]:
+        """The attach's link properties (symbol keys): ``qpid.ha-replicate``, the ids, the lineage, the term."""
+        return {REPLICATE_PROPERTY: True, IDS_PROPERTY: self.ids.to_wire(),
+                LINEAGE_PROPERTY: lineage.to_wire(self.lineage), TERM_PROPERTY: self.term}
 
 
 def decode_browser_request(properties: dict[str, Any]) -> BrowserRequest:
-    """The term, ids and lineage of a replicating browser's (plain) link properties."""
-    term = decode_term(properties.get(str(TERM_PROPERTY)), str(TERM_PROPERTY))
-    id_set = decode_ids(properties.get(str(IDS_PROPERTY)), str(IDS_PROPERTY))
-    try:
-        their_lineage = lineage.from_wire(properties.get(str(LINEAGE_PROPERTY)))
-    except (TypeError, ValueError) as error:
-        raise ProtocolError(str(LINEAGE_PROPERTY), str(error)) from None
-    return BrowserRequest(term, id_set, their_lineage)
+    """The term, ids and lineage of a replicating browser's (plain) link properties (``BrowserRequest.from_wire``)."""
+    return BrowserRequest.from_wire(properties)
+
+
+@dataclass(frozen=True)
+class BrowserReply:
+    """The primary's answer in its attach of a replicating browser: the lineage of its queue."""
+
+    lineage: Any
+
+    def to_wire(self) -> dict[symbol, Any]:
+        return {LINEAGE_PROPERTY: lineage.to_wire(self.lineage)}

@@ -30,7 +30,6 @@ from hastandby.broker.queue import Queue
 from hastandby.replication.codec import (
     COUNTS_TAG,
     DEQUEUE_TAG,
-    IDS_PROPERTY,
     MESSAGE_IDS_TAG,
     ProtocolError,
     decode_batch,
@@ -38,7 +37,7 @@ from hastandby.replication.codec import (
     decode_dequeues,
     decode_message_ids,
 )
-from .protocol import LINEAGE_PROPERTY, REPLICATE_PROPERTY, TERM_PROPERTY
+from .protocol import BrowserRequest
 
 log = structlog.get_logger("hastandby.backup")
 
@@ -70,13 +69,7 @@ class QueueReplicator:
         link.source.distribution_mode = Terminus.DIST_MODE_COPY
         link.target.address = self.queue.name
         self.offered = self.queue.lineage
-        properties: dict[Any, Any] = {
-            REPLICATE_PROPERTY: True,
-            IDS_PROPERTY: self.queue.id_set().to_wire(),
-            LINEAGE_PROPERTY: lineage.to_wire(self.offered),
-            TERM_PROPERTY: term,
-        }
-        link.properties = properties
+        link.properties = BrowserRequest(term, self.queue.id_set(), self.offered).to_wire()
         self.link = link
         self._impl = link._impl
         link.open()

@@ -7,11 +7,18 @@ allowed to do is ``promotion.plan_promotion``'s pure decision, and this class
 carries the plan out (a handover through etcd, a forced start, a promotion
 now or after asking the other nodes).  A backup's admins may read it (browse,
 query) but not change what the primary replicates to it.
+
+What it needs of the node is ``ManagedNode`` (``HaNode`` is the real one), as
+``admission.ClusterRole`` and ``election.ElectedNode`` are for theirs: the
+status, the role object (``roles.Role``: its members and replication figures),
+and the election loop's two operator requests (``OperatorElection``); it never
+touches the coordinator or a role's replication itself.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol, assert_never
 
 import structlog
 from proton import Link, Terminus
@@ -22,13 +29,22 @@ from hastandby.broker.outbound import Address
 from hastandby.broker.queue import Queue
 from hastandby.broker.registry import REPLICATE
 from hastandby.client import Login, ManagementClient, ManagementError
+from hastandby.node import Node
 
+from .cluster import ClusterSnapshot
 from .coordinator import CoordinatorError
-from .promotion import AlreadyPrimary, ForceStart, HandOver, PromoteNow, Refuse, operator_term, plan_promotion
-from .states import Event
-
-if TYPE_CHECKING:
-    from .ha_node import HaNode
+from .promotion import (
+    AlreadyPrimary,
+    CheckThenPromote,
+    ForceStart,
+    HandOver,
+    PromoteNow,
+    Refuse,
+    operator_term,
+    plan_promotion,
+)
+from .roles import Role
+from .states import Event, NodeStatus
 
 log = structlog.get_logger("hastandby.ha")
 
@@ -41,33 +57,91 @@ class NotPromotable(BrokerError):
     status = 409
 
 
-class ClusterManagement:
-    """The management hooks of one cluster node (``HaNode.management``)."""
+class OperatorElection(Protocol):
+    """What an operator's promotion asks of the election loop (``election.ElectionLoop``)."""
 
-    def __init__(self, ha: HaNode) -> None:
+    @property
+    def snapshot(self) -> ClusterSnapshot | None:
+        """The cluster as the loop read it last; None before the first read, or when etcd was unreadable."""
+        ...
+
+    def hand_over(self, target: str, ttl: int) -> None:
+        """Name ``target`` the handover target for ``ttl`` seconds (on the election thread)."""
+        ...
+
+    def force_sync(self, answer: Callable[[bool | CoordinatorError], None]) -> None:
+        """Make the sync set this node alone while there is no leader; ``answer`` is told (on the election
+        thread) whether it was written, or etcd's error."""
+        ...
+
+
+class ManagedNode(Protocol):
+    """What the management hooks need of the cluster node (``HaNode``)."""
+
+    url: str
+    status: NodeStatus
+    halted: str | None
+
+    @property
+    def is_primary(self) -> bool: ...
+
+    @property
+    def primary_url(self) -> str | None:
+        """The primary this node follows, if known."""
+        ...
+
+    @property
+    def role(self) -> Role:
+        """The role object (``roles.py``): what QUERY shows of the members and the replication."""
+        ...
+
+    @property
+    def election(self) -> OperatorElection | None:
+        """The election loop with etcd; None without (the operator is the election then)."""
+        ...
+
+    def fire(self, event: Event, term: int | None = None) -> bool: ...
+
+    def other_addresses(self) -> list[Address]: ...
+
+    def member_addresses(self) -> list[str]: ...
+
+
+class ClusterManagement:
+    """The management hooks of one cluster node (``HaNode.management``).
+
+    ``etcd``: the etcd endpoints the node was given, as STATUS shows them (None without etcd).
+    """
+
+    def __init__(self, ha: ManagedNode, node: Node, etcd: str | None = None) -> None:
         self.ha = ha
-        self.node = ha.node
-        management = ha.node.management
+        self.node = node
+        self.etcd = etcd
+        management = node.management
         management.guards.append(self.guard)
         management.register("PROMOTE", self.promote)
         management.query_extras["ha"] = self.describe
-        ha.node.status_extras.append(self.status)
+        node.status_extras.append(self.status)
 
     def promote(self, request: Request) -> tuple[int, Any] | Deferred:
         """``PROMOTE``: the plan is ``promotion.plan_promotion``'s; this carries it out."""
         ha = self.ha
         plan = plan_promotion(ha.status, ha.halted, ha.election is not None, bool(request.body.get("force")))
-        if isinstance(plan, AlreadyPrimary):
-            return 200, {"state": "primary", "message": "already primary"}
-        if isinstance(plan, Refuse):
-            raise NotPromotable(plan.reason)
-        if isinstance(plan, ForceStart):
-            return self._force_start()
-        if isinstance(plan, HandOver):
-            return self._hand_over()
-        if isinstance(plan, PromoteNow):
-            return self._promote_now(plan.event)
-        return self._check_then_promote(plan.event)
+        match plan:
+            case AlreadyPrimary():
+                return 200, {"state": "primary", "message": "already primary"}
+            case Refuse(reason=reason):
+                raise NotPromotable(reason)
+            case ForceStart():
+                return self._force_start()
+            case HandOver():
+                return self._hand_over()
+            case PromoteNow(event=event):
+                return self._promote_now(event)
+            case CheckThenPromote(event=event):
+                return self._check_then_promote(event)
+            case _:
+                assert_never(plan)
 
     def _check_then_promote(self, event: Event) -> Deferred:
         """Ask the other nodes first, off the reactor thread (they may not answer for a while)."""
@@ -91,7 +165,7 @@ class ClusterManagement:
 
     def _promote_now(self, event: Event) -> tuple[int, Any]:
         # No primary sends a member's term today (browser/primary.py members()): this is the node's own term + 1.
-        term = operator_term(self.ha.status, (m.term or 0 for m in self.ha.members))
+        term = operator_term(self.ha.status, (m.term or 0 for m in self.ha.role.members()))
         if not self.ha.fire(event, term):
             raise NotPromotable(f"cannot promote from {self.ha.status}")
         log.info("promoted by operator", term=term)
@@ -102,8 +176,7 @@ class ClusterManagement:
         state = self.ha.status.state
         election = self.ha.election
         assert election is not None
-        me = self.node.node_id
-        election.request(lambda: election.coordinator.set_handover(me, ttl=10))
+        election.hand_over(self.node.node_id, ttl=10)
         return 202, {"state": str(state), "message": "handover requested; the primary steps down"}
 
     def _force_start(self) -> Deferred:
@@ -118,11 +191,9 @@ class ClusterManagement:
             if snapshot is not None and snapshot.sync is not None else []
         reply = Deferred()
 
-        def force() -> None:
-            try:
-                written = election.coordinator.force_sync()
-            except CoordinatorError as error:
-                refused = NotPromotable(f"etcd refused the forced start: {error}")
+        def answered(written: bool | CoordinatorError) -> None:  # on the election thread
+            if isinstance(written, CoordinatorError):
+                refused = NotPromotable(f"etcd refused the forced start: {written}")
                 self.node.driver.call_soon_threadsafe(lambda: reply.fail(refused))
                 return
             if not written:
@@ -134,7 +205,7 @@ class ClusterManagement:
             self.node.driver.call_soon_threadsafe(lambda: reply.resolve(202, {
                 "state": str(state), "message": f"forced: this node may start the cluster; {risk}"}))
 
-        election.request(force)
+        election.force_sync(answered)
         return reply
 
     def _peer_login(self) -> Login:
@@ -199,7 +270,7 @@ class ClusterManagement:
             "primary": self._reachable(primary) if primary else None,
             "brokers": [self._reachable(a) for a in self.ha.member_addresses()],
             "halted": self.ha.halted,
-            "etcd": str(self.ha.config.etcd) if self.ha.config.etcd else None,  # the endpoints
+            "etcd": self.etcd,  # the endpoints
         }
 
     def _reachable(self, address: str) -> str:
@@ -207,14 +278,12 @@ class ClusterManagement:
         return f"amqps://{address}" if self.node.config.peer_tls else address
 
     def describe(self) -> dict[str, Any]:
-        members = self.ha.primary.members() if self.ha.primary is not None else self.ha.members
+        role = self.ha.role
         return {
             "state": str(self.ha.status.state),
             "term": self.ha.status.term,
-            "members": [dict(m.to_wire(), url=self._reachable(m.url)) for m in members],
-            "lag": self.ha.primary.lag() if self.ha.primary is not None else {},
-            "lag_seconds": self.ha.primary.lag_seconds() if self.ha.primary is not None else {},
-            "acks_held": self.ha.primary.acks_held() if self.ha.primary is not None else {"backups": {}, "quorum": {}},
+            "members": [dict(m.to_wire(), url=self._reachable(m.url)) for m in role.members()],
+            **role.describe(),  # lag, lag_seconds, acks_held
         }
 
 

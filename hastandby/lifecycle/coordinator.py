@@ -17,10 +17,17 @@ return.  All other methods are blocking etcd calls bounded by
 ``request_timeout``; the node loop calls them from one thread of its own, not
 from the proton reactor thread, and they raise ``CoordinatorError`` when etcd
 cannot do what was asked.
+
+The lease queries are the same arithmetic whatever keeps the lease:
+``LeasedCoordinator`` holds it once, with the one set of defaults
+(``LEASE_TTL``, ``LEASE_MARGIN``), and asks its subclass (``EtcdCoordinator``,
+the tests' fake) only for what differs, through abstract ``_`` methods, as
+Patroni's ``AbstractDCS`` does.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from enum import StrEnum
 from typing import Protocol
@@ -30,6 +37,11 @@ from hastandby.lifecycle.states import NodeStatus
 
 #: Shortest lease etcd grants with its default 1000 ms election timeout.
 MIN_LEASE_TTL = 2
+#: Seconds a node's lease lives without a refresh, as requested (etcd may grant more): ``serve --lease-ttl``.
+LEASE_TTL = 2
+#: Seconds before the earliest server-side expiry of its lease at which a primary must have stepped down: it
+#: covers the node loop's reaction, excluding clients, and clock-rate differences.
+LEASE_MARGIN = 0.5
 
 
 class CoordinatorEvent(StrEnum):
@@ -120,3 +132,51 @@ class Coordinator(Protocol):
     def close(self) -> None:
         """Stop the threads and the connection; a lease not revoked expires."""
         ...
+
+
+class LeasedCoordinator(ABC):
+    """The lease bookkeeping every coordinator shares: its checks, its defaults, and the lease queries.
+
+    ``lease_ttl``: requested TTL in whole seconds.  ``lease_margin``: how long before the earliest possible
+    server-side expiry a primary must already have stepped down (``LEASE_MARGIN``).  A subclass keeps the lease
+    itself and answers ``_lease_ttl``, ``_confirmed_at`` and ``_now``; the public queries of ``Coordinator``
+    (``safe_lease_age``, ``lease_confirmed_within``, ``last_lease_confirmation``) are computed here only.
+    """
+
+    def __init__(self, lease_ttl: int = LEASE_TTL, lease_margin: float = LEASE_MARGIN) -> None:
+        if lease_ttl < MIN_LEASE_TTL:
+            raise ValueError(f"lease_ttl must be at least {MIN_LEASE_TTL} s")
+        if not 0 < lease_margin < lease_ttl * 2 / 3:
+            raise ValueError("lease_margin must be positive and leave at least TTL/3 of safe age")
+        self._requested_ttl = lease_ttl
+        self._margin = lease_margin
+
+    @property
+    def safe_lease_age(self) -> float:
+        """Seconds after the last confirmed refresh at which the lease counts as lost: its TTL less the margin."""
+        return self._lease_ttl() - self._margin
+
+    def lease_confirmed_within(self, seconds: float) -> bool:
+        """True if a lease refresh sent at most ``seconds`` ago was confirmed."""
+        confirmed = self.last_lease_confirmation()
+        return confirmed is not None and self._now() - confirmed <= seconds
+
+    def last_lease_confirmation(self) -> float | None:
+        """When the last confirmed refresh was sent (``_now``'s clock); None without a lease."""
+        return self._confirmed_at()
+
+    def _unconfirmed_at(self, confirmed_at: float, ttl: float) -> float:
+        """When a lease of ``ttl`` last confirmed at ``confirmed_at`` stops counting as confirmed (the fence closes)."""
+        return confirmed_at + ttl - self._margin
+
+    @abstractmethod
+    def _lease_ttl(self) -> float:
+        """The current lease's TTL as granted, or the requested one while there is none."""
+
+    @abstractmethod
+    def _confirmed_at(self) -> float | None:
+        """When the current lease's last confirmed refresh was sent; None while there is no lease."""
+
+    @abstractmethod
+    def _now(self) -> float:
+        """The clock that confirmations are read on (``time.monotonic()``; a fake's own)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, assert_never
 
 import structlog
 
@@ -108,6 +108,24 @@ class ElectionLoop:
         self._requests.put(fn)
         self._wake.set()
 
+    def hand_over(self, target: str, ttl: int) -> None:
+        """An operator's promotion: name ``target`` the handover target for ``ttl`` seconds."""
+        self.request(lambda: self.coordinator.set_handover(target, ttl=ttl))
+
+    def force_sync(self, answer: Callable[[bool | CoordinatorError], None]) -> None:
+        """``promote --force``: make the sync set this node alone while there is no leader; ``answer`` is told,
+        on this loop's thread, whether it was written, or etcd's error."""
+
+        def force() -> None:
+            try:
+                written = self.coordinator.force_sync()
+            except CoordinatorError as error:
+                answer(error)
+                return
+            answer(written)
+
+        self.request(force)
+
     def stop(self, revoke: bool = True) -> None:
         """Graceful stop: revoke the lease so a ready backup can take over at once."""
         self._stop.set()
@@ -175,30 +193,34 @@ class ElectionLoop:
         coordinator = self.coordinator
         if not isinstance(decision, (PublishMember, Stay)):
             log.info("election decision", decision=type(decision).__name__, reason=decision.reason)
-        if isinstance(decision, PublishMember):
-            store = node.store
-            self._guarded(lambda: coordinator.publish_status(status, store))
-        elif isinstance(decision, Campaign):
-            term = self._guarded(lambda: coordinator.campaign(decision.sync, decision.sync_revision))
-            if term:
-                log.info("won the election", term=term, new_cluster=decision.new_cluster,
-                         sync=sorted(decision.sync))
-                expected = decision.sync - {node.node_id}
-                self._on_reactor(lambda: self._won(decision.won_event, term, expected))
-        elif isinstance(decision, FollowLeader):
-            leader = decision.leader
-            self._on_reactor(lambda: node.follow(leader))
-        elif isinstance(decision, StepDown):
-            self._on_reactor(lambda: node.fire(decision.event))
-        elif isinstance(decision, RemoveStaleLeaderKey):
-            self._guarded(lambda: coordinator.resign(decision.term))
-        elif isinstance(decision, ClearHandover):
-            self._guarded(coordinator.clear_handover)
-        elif isinstance(decision, UpdateSync):
-            members = decision.members
-            if self._guarded(lambda: coordinator.update_sync(status.term, members)):
-                node.call_soon_threadsafe(lambda: node.sync_confirmed(status.term, members))
-                self._wake.set()  # the wanted set may have moved on meanwhile
+        match decision:
+            case Stay():
+                pass
+            case PublishMember():
+                store = node.store
+                self._guarded(lambda: coordinator.publish_status(status, store))
+            case Campaign():
+                campaign = decision
+                term = self._guarded(lambda: coordinator.campaign(campaign.sync, campaign.sync_revision))
+                if term:
+                    log.info("won the election", term=term, new_cluster=campaign.new_cluster,
+                             sync=sorted(campaign.sync))
+                    expected = campaign.sync - {node.node_id}
+                    self._on_reactor(lambda: self._won(campaign.won_event, term, expected))
+            case FollowLeader(leader=leader):
+                self._on_reactor(lambda: node.follow(leader))
+            case StepDown(event=event):
+                self._on_reactor(lambda: node.fire(event))
+            case RemoveStaleLeaderKey(term=stale):
+                self._guarded(lambda: coordinator.resign(stale))
+            case ClearHandover():
+                self._guarded(coordinator.clear_handover)
+            case UpdateSync(members=members):
+                if self._guarded(lambda: coordinator.update_sync(status.term, members)):
+                    node.call_soon_threadsafe(lambda: node.sync_confirmed(status.term, members))
+                    self._wake.set()  # the wanted set may have moved on meanwhile
+            case _:
+                assert_never(decision)
 
     def _on_reactor(self, fn: Callable[[], Any]) -> None:
         """Hand a role change to the reactor; no decision is taken until it has run."""

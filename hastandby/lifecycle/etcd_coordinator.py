@@ -68,10 +68,12 @@ from hastandby.lifecycle.etcd_client import (
     txn,
 )
 from hastandby.lifecycle.coordinator import (
-    MIN_LEASE_TTL,
+    LEASE_MARGIN,
+    LEASE_TTL,
     CoordinatorError,
     CoordinatorEvent,
     CoordinatorUnavailable,
+    LeasedCoordinator,
     Notify,
 )
 from hastandby.lifecycle.states import NodeStatus
@@ -106,15 +108,15 @@ def _etcd() -> Iterator[None]:
         raise CoordinatorError(str(error)) from error
 
 
-class EtcdCoordinator:
+class EtcdCoordinator(LeasedCoordinator):
     """``Coordinator`` on etcd v3 (``EtcdClient``).
 
     ``etcd``: ``EtcdSettings`` (endpoints, TLS, user), or plain endpoints
     (``http://host:port[,http://host:port...]``).  ``lease_ttl``:
     requested lease TTL in whole seconds (etcd may grant more).
     ``lease_margin``: how long before the earliest possible server-side
-    expiry a primary must already have stepped down; it must cover the
-    node loop's reaction, excluding clients, and clock-rate differences.
+    expiry a primary must already have stepped down (``LeasedCoordinator``,
+    which holds the lease queries and the defaults).
     ``on_lease``: told the id of every lease granted, from the thread that
     took it (``supervisor.py``: the parent of ``serve --supervise``).
     """
@@ -127,16 +129,13 @@ class EtcdCoordinator:
         url: str,
         notify: Notify,
         *,
-        lease_ttl: int = 5,
-        lease_margin: float = 1.5,
+        lease_ttl: int = LEASE_TTL,
+        lease_margin: float = LEASE_MARGIN,
         request_timeout: float = 1.0,
         fence: Fence | None = None,
         on_lease: Callable[[int], None] | None = None,
     ) -> None:
-        if lease_ttl < MIN_LEASE_TTL:
-            raise ValueError(f"lease_ttl must be at least {MIN_LEASE_TTL} s")
-        if not 0 < lease_margin < lease_ttl * 2 / 3:
-            raise ValueError("lease_margin must be positive and leave at least TTL/3 of safe age")
+        super().__init__(lease_ttl, lease_margin)
         if request_timeout <= 0:
             raise ValueError("request_timeout must be positive")
         self.node_id = node_id
@@ -144,8 +143,6 @@ class EtcdCoordinator:
         self._keys = ClusterKeys(cluster)
         self._keys.member(node_id)  # validates the id
         self._notify = notify
-        self._requested_ttl = lease_ttl
-        self._margin = lease_margin
         self._timeout = request_timeout
         self._retry_interval = min(0.5, lease_ttl / 6)
         self._client = EtcdClient(etcd, request_timeout)
@@ -167,19 +164,18 @@ class EtcdCoordinator:
 
     # -- lease ---------------------------------------------------------------
 
-    @property
-    def safe_lease_age(self) -> float:
+    # safe_lease_age, lease_confirmed_within, last_lease_confirmation: LeasedCoordinator's, from these three.
+
+    def _lease_ttl(self) -> float:
         with self._lock:
-            ttl = self._lease.ttl if self._lease else self._requested_ttl
-        return ttl - self._margin
+            return self._lease.ttl if self._lease else self._requested_ttl
 
-    def lease_confirmed_within(self, seconds: float) -> bool:
-        confirmed = self.last_lease_confirmation()
-        return confirmed is not None and time.monotonic() - confirmed <= seconds
-
-    def last_lease_confirmation(self) -> float | None:
+    def _confirmed_at(self) -> float | None:
         with self._lock:
             return self._lease.confirmed_at if self._lease else None
+
+    def _now(self) -> float:
+        return time.monotonic()
 
     def revoke_lease(self) -> None:
         with self._lock:
@@ -210,7 +206,7 @@ class EtcdCoordinator:
         lease = _Lease(lease_id, ttl, sent, sent + ttl / 3)
         with self._lock:
             self._lease = lease
-            self.fence.until = sent + lease.ttl - self._margin
+            self.fence.until = self._unconfirmed_at(sent, lease.ttl)
         self._log.info("lease granted", lease=lease.id, ttl=lease.ttl)
         if self._on_lease is not None:
             self._on_lease(lease.id)
@@ -228,7 +224,7 @@ class EtcdCoordinator:
                 continue
             now = time.monotonic()
             with self._lock:
-                unconfirmed_at = lease.confirmed_at + lease.ttl - self._margin
+                unconfirmed_at = self._unconfirmed_at(lease.confirmed_at, lease.ttl)
                 report = now >= unconfirmed_at and not lease.unconfirmed_reported
                 lease.unconfirmed_reported |= report
                 refresh_due = lease.refresh_due
@@ -272,7 +268,7 @@ class EtcdCoordinator:
             recovered = lease.refresh_failing
             lease.confirmed_at = sent
             if self._lease is lease:
-                self.fence.until = sent + lease.ttl - self._margin
+                self.fence.until = self._unconfirmed_at(sent, lease.ttl)
             lease.refresh_due = sent + lease.ttl / 3
             lease.unconfirmed_reported = lease.refresh_failing = False
         if recovered:

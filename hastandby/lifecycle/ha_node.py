@@ -10,9 +10,9 @@ Roles plug into the broker core through its hooks only, each concern in a
 class of its own: ``admission.ClientAdmission`` (who may connect, how the
 others are refused or redirected, the failover list in the Open frame),
 ``cluster_management.ClusterManagement`` (``PROMOTE``, a backup's guard on
-replicated objects, the ``ha`` status), and here the attach hook (the
-primary claims the backups' replication links) and the replication of both
-sides (``browser/``), started and stopped by the table's actions.
+replicated objects, the ``ha`` status), and the role object (``roles.py``:
+``BackupRole`` or ``PrimaryRole``, with the attach hook and the replication of
+its side, ``browser/``), which the table's actions swap.
 """
 
 from __future__ import annotations
@@ -27,17 +27,18 @@ from hastandby.broker.outbound import Address
 from hastandby.broker.server import Refusal
 from hastandby.browser.backup import BackupReplication
 from hastandby.browser.primary import PrimaryReplication
-from hastandby.browser.protocol import Hello, PeerMember
+from hastandby.browser.protocol import BackupIdentity, Hello, PeerMember
 from hastandby.node import Node, split_hostport
 from hastandby.wiring.access import AccessReplica
 
 from .cluster import Leader, Store
-from .coordinator import CoordinatorEvent
+from .coordinator import LEASE_MARGIN, LEASE_TTL, CoordinatorEvent
 from .admission import ClientAdmission
 from .cluster_management import ClusterManagement
 from .effects import perform
 from .election import ElectionLoop
 from .role_hooks import HALTED, role_name
+from .roles import BackupRole, Role
 from .supervised import lease_reporter
 from .states import (
     Event,
@@ -66,8 +67,8 @@ class HaConfig:
     heartbeat: float = 2.0
     etcd: EtcdSettings | str | None = None  # endpoints, TLS, user (EtcdSettings), or plain endpoints
     cluster: str = "hastandby"
-    lease_ttl: int = 2
-    lease_margin: float = 0.5
+    lease_ttl: int = LEASE_TTL
+    lease_margin: float = LEASE_MARGIN
     min_sync: int = 2  # with etcd: nodes that must hold a message before it is acknowledged (primary.py)
 
 
@@ -88,13 +89,11 @@ class HaNode:
         host, port = split_hostport(config.public_url or node.config.peer_address)
         self.url = f"{host}:{port}"
         self.addresses: list[Address] = [split_hostport(b) for b in config.brokers]
-        self.members: list[PeerMember] = []  # as the primary followed last told them
         self.leader: Leader | None = None
-        self.primary: PrimaryReplication | None = None
         self._expected_sync: frozenset[str] = frozenset()  # the sync members an election was won with
         # It holds data: its journal brought back a store of this cluster, or it has been past connecting.
         self._holds_data = node.journal is not None and node.journal.term > 0
-        self.backup = BackupReplication(
+        self._backup = BackupReplication(
             node.registry,
             node.driver,
             self.other_addresses,
@@ -114,7 +113,9 @@ class HaNode:
         node.handler.admission = self.admission.admit
         node.handler.open_properties = self.admission.open_properties
         node.handler.attach_hooks.append(self._attach)
-        self.management = ClusterManagement(self)
+        self.management = ClusterManagement(self, node, str(config.etcd) if config.etcd else None)
+        # The role: a backup until the table's actions promote it (start_guarding) or step it down again.
+        self.role: Role = BackupRole(self._backup, self.management.check_admin_link, self.admission.is_admin)
         # Clients of a stopping cluster node should go straight to the next one.
         node.shutdown_refusal = Refusal(Condition("amqp:connection:forced", "node shutting down"),
                                         abort=config.client_refusal == "abort")
@@ -123,7 +124,7 @@ class HaNode:
         self.on_role_change: list[Callable[[str, int], None]] = []
         self._role_told: str | None = None
         node.on_start.append(self._tell_role)
-        node.on_start.append(self.backup.start)
+        node.on_start.append(self.look_for_primary)
         node.on_stop.append(lambda: self.fire(Event.STOP))
         # Told when client service starts or stops (admit_clients / exclude_clients): every way out of
         # primary (demoted, lost_lease, stop, a halt) excludes clients first (virtual_ip.py, dr/).
@@ -159,21 +160,14 @@ class HaNode:
         self.node.call_soon_threadsafe(fn)
 
     def follow(self, leader: Leader) -> None:
-        """etcd names the primary: replicate from it, and only from it."""
-        if self.is_primary:
-            return
-        previous, self.leader = self.leader, leader
-        log.info("leader from etcd", leader=leader.node_id, url=leader.url, term=leader.term)
-        outbound = self.backup.outbound
-        if outbound.connected and outbound.address == split_hostport(leader.url):
-            return
-        if previous != leader or not outbound.connected:
-            outbound.redirect()
+        """etcd names the primary: a backup replicates from it, and only from it; a primary follows nobody."""
+        if self.role.follow(leader, self.leader):
+            self.leader = leader
 
     # -- identity ------------------------------------------------------------------
 
     def _me(self) -> dict[str, Any]:
-        return {"node_id": self.node.node_id, "url": self.url, "state": str(self.status.state)}
+        return BackupIdentity(self.node.node_id, self.url, self.status.state).to_wire()
 
     def other_addresses(self) -> list[Address]:
         """Where to look for the primary: etcd's leader if known, else the brokers URL."""
@@ -192,8 +186,7 @@ class HaNode:
     @property
     def sync_wanted(self) -> frozenset[str] | None:
         """The sync set this primary's replication wants in etcd (read by the election thread)."""
-        primary = self.primary
-        return primary.sync_wanted if primary is not None and self.election is not None else None
+        return self.role.sync_wanted
 
     def won(self, event: Event, term: int, expected: frozenset[str]) -> bool:
         """An election won with the sync set {this node} | ``expected``: guard for those."""
@@ -201,15 +194,12 @@ class HaNode:
         return self.fire(event, term)
 
     def sync_confirmed(self, term: int, members: frozenset[str]) -> None:
-        primary = self.primary
-        if primary is not None and primary.term == term:
-            primary.sync_confirmed(members)
+        self.role.sync_confirmed(term, members)
 
     @property
     def primary_url(self) -> str | None:
         """The primary this node follows, if known (from its hello)."""
-        primary = self.backup.primary
-        return (primary.url or None) if primary is not None else None
+        return self.role.primary_url
 
     @property
     def is_primary(self) -> bool:
@@ -240,7 +230,7 @@ class HaNode:
         return True
 
     @property
-    def role(self) -> str:
+    def role_name(self) -> str:
         """What role-change hooks are told: ``role_hooks.role_name`` of the status, or ``halted``."""
         if self.halted is not None and self.status.state is not State.STOPPED:
             return HALTED
@@ -248,7 +238,7 @@ class HaNode:
 
     def _tell_role(self) -> None:
         """Tell the ``on_role_change`` observers the role, if it is not the one they were told last."""
-        role = self.role
+        role = self.role_name
         if role == self._role_told:
             return
         self._role_told = role
@@ -259,6 +249,7 @@ class HaNode:
                 log.exception("role change observer failed", role=role)
 
     # -- the table's actions (effects.RoleEffects); without etcd the last three have nothing to do ----------
+    # The role's own work is the role object's (roles.py); start_guarding and stop_serving_backups swap it.
 
     def exclude_clients(self) -> None:
         self._set_admitting(False)
@@ -268,18 +259,16 @@ class HaNode:
         self._set_admitting(True)
 
     def stop_replication(self) -> None:
-        self.backup.stop()
+        self.role.stop()
 
     def look_for_primary(self) -> None:
-        self.backup.start()
+        self.role.look_for_primary()
 
     def start_guarding(self) -> None:
-        self._become_primary()
+        self.role = self.role.promote(self._serve_backups)
 
     def stop_serving_backups(self) -> None:
-        if self.primary is not None:
-            self.primary.stop()
-            self.primary = None
+        self.role = self.role.step_down()
 
     def publish_status(self) -> None:
         if self.election is not None:
@@ -322,14 +311,14 @@ class HaNode:
         if not self.fire(Event.CONNECTED_TO_PRIMARY, term):
             log.warning("refusing a primary with an older term", primary=url, term=term,
                         known_term=self.status.term)
-            self.backup.primary = None
-            self.backup.resync(f"primary term {term} is older than {self.status.term}")
+            self._backup.primary = None
+            self._backup.resync(f"primary term {term} is older than {self.status.term}")
             return
         log.info("following the primary", primary=url, term=term)
 
     def _members(self, term: int, members: list[PeerMember]) -> None:
-        # Checked where decoded (browser/protocol.py PeerMember.from_wire).
-        self.members = list(members)
+        # Checked where decoded (browser/protocol.py PeerMember.from_wire); kept by the replication
+        # (BackupReplication.members, which BackupRole.members shows).
         mine = next((m for m in members if m.node_id == self.node.node_id), None)
         if mine is None:
             return
@@ -363,11 +352,13 @@ class HaNode:
             snapshot = self.election.snapshot
             urls = {m.node_id: m.url for m in snapshot.members} if snapshot is not None else {}
             return {node_id: urls.get(node_id, "") for node_id in sorted(self._expected_sync)}
-        return {m.node_id: m.url for m in self.members if m.ready and m.node_id and m.node_id != self.node.node_id}
+        return {m.node_id: m.url for m in self.role.members()
+                if m.ready and m.node_id and m.node_id != self.node.node_id}
 
-    def _become_primary(self) -> None:
+    def _serve_backups(self) -> PrimaryReplication:
+        """The replication of the primary this node becomes (``BackupRole.promote``)."""
         election = self.election
-        self.primary = PrimaryReplication(
+        primary = PrimaryReplication(
             self.node.registry,
             self.node.driver,
             me={"node_id": self.node.node_id, "url": self.url},
@@ -381,8 +372,9 @@ class HaNode:
             min_sync=min(self.config.min_sync, len(self.addresses) or self.config.min_sync),
             authority=self.node.authority,
         )
-        if not self.primary.recovering:
+        if not primary.recovering:
             self.node.schedule(0.0, lambda: self.fire(Event.EXPECTED_BACKUPS_READY))
+        return primary
 
     def _expected_done(self, timed_out: bool) -> None:
         self.fire(Event.EXPECTED_BACKUPS_TIMED_OUT if timed_out else Event.EXPECTED_BACKUPS_READY)
@@ -390,13 +382,7 @@ class HaNode:
     # -- broker hooks --------------------------------------------------------------------------
 
     def _attach(self, link: Link) -> Any:
-        if self.primary is not None:
-            endpoint = self.primary.attach(link)
-            if endpoint is not None:
-                return endpoint
-        if not self.is_primary and self.admission.is_admin(link.connection):
-            self.management.check_admin_link(link)
-        return None
+        return self.role.attach(link)
 
     # -- reporting ----------------------------------------------------------------------------
 

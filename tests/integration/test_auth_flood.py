@@ -8,7 +8,7 @@ wait, logs in again with the right password after the wait, and leaves the
 other sources alone; its log lines are bounded; a reconnecting application
 is answered from the login cache, which a password change empties.
 
-The floods are ``benchmarks._flood_clients`` (``benchmarks.auth_flood``
+The floods are ``hastandby.testing.flood_clients`` (``benchmarks.auth_flood``
 measures the same against its 0.8 goal); here the producer must keep half
 its rate, robust on a shared 2-core machine.  The flood runs at low
 priority, standing in for an attacker's own machine: its client-side TLS
@@ -29,12 +29,12 @@ from typing import Any, Iterator
 
 import pytest
 
-from benchmarks.security import PlainSaslClient
+from hastandby.testing.clients import PlainSaslClient
 from hastandby.security.sasl import SaslClient
-from tests.support import auth
-from tests.support.certs import Pki, make_pki
-from tests.support.nodes import REPO, NodeProcess, free_port
-from tests.support.waiting import wait_for
+from hastandby.testing import auth
+from hastandby.testing.certs import Pki, make_pki
+from hastandby.testing.nodes import REPO, NodeProcess, free_port
+from hastandby.testing.waiting import wait_for
 
 FLOOD_SECONDS = 4.0
 FLOOD_SOURCES = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"]
@@ -84,7 +84,7 @@ def start(tmp_path, pki) -> Iterator[Any]:
 
 
 def clients(role: str, port: int, *args: str, stdin: Any = subprocess.PIPE) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "benchmarks._flood_clients", role, "--port", str(port), *args],
+    return subprocess.Popen([sys.executable, "-m", "hastandby.testing.flood_clients", role, "--port", str(port), *args],
                             cwd=REPO, env={**os.environ, **auth.client_environment(auth.APP)}, stdin=stdin,
                             stdout=subprocess.PIPE, text=True)
 

@@ -14,10 +14,10 @@ from proton import Delivery, Message, Timeout
 from proton.reactor import Copy
 from proton.utils import LinkDetached, SendException
 
-from benchmarks import cexamples
-from tests.support import auth
-from tests.support.clients import connect, receive, send, topic_filter
-from tests.support.waiting import wait_for
+from hastandby.testing import cexamples
+from hastandby.testing import auth
+from hastandby.testing.clients import connect, receive, send, topic_filter
+from hastandby.testing.waiting import wait_for
 
 ACCEPTED = Delivery.ACCEPTED
 REJECTED = Delivery.REJECTED

@@ -22,10 +22,10 @@ import pytest
 from proton import ConnectionException, Message
 from proton.utils import BlockingConnection
 
-from tests.support import auth
-from tests.support.etcd_ha import EtcdHa
-from tests.support.nodes import REPO, NodeProcess
-from tests.support.waiting import wait_for
+from hastandby.testing import auth
+from hastandby.testing.etcd_ha import EtcdHa
+from hastandby.testing.nodes import REPO, NodeProcess
+from hastandby.testing.waiting import wait_for
 
 pytestmark = pytest.mark.etcd
 

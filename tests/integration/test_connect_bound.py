@@ -1,7 +1,7 @@
 """Our clients bound every connect: an address that never answers costs its bound, then the next one is tried.
 
 The address that never answers is a black hole on loopback
-(``tests/support/blackhole.py``: a connect there hangs in SYN_SENT, as one to
+(``hastandby/testing/blackhole.py``: a connect there hangs in SYN_SENT, as one to
 a node behind a cut link).  Checked: the management client gives up within
 its connect timeout; ``hastandby status --all`` reports such a member after
 ``--connect-timeout`` and goes on; the numbered client (URL list, the
@@ -23,13 +23,13 @@ import time
 
 import pytest
 
-from benchmarks.numbered_client import NumberedSender
+from hastandby.testing.numbered_client import NumberedSender
 from hastandby.client import ManagementClient, ManagementError
 from hastandby.connect_timeout import TIMED_OUT
-from tests.support import auth
-from tests.support.blackhole import BlackHole
-from tests.support.nodes import REPO, free_port
-from tests.support.waiting import wait_for
+from hastandby.testing import auth
+from hastandby.testing.blackhole import BlackHole
+from hastandby.testing.nodes import REPO, free_port
+from hastandby.testing.waiting import wait_for
 
 BOUND = 1.0  # seconds: the connect timeout these tests give
 SLACK = 1.0  # what the bound may be exceeded by (a reactor's turn, a loaded machine)

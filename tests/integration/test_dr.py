@@ -4,7 +4,7 @@ Qpid's test_standalone_queue_replica and test_standalone_queue_replica_failover
 (the Qpid C++ HA test suite, ha_tests.py, its DR-like cases), then our own: both modes side
 by side, link cuts mid-stream, a replica restart, source consumers racing an
 enqueue-mode link, backlog overflow, and what a replica refuses.  Links are
-cut with a TCP proxy (benchmarks/delay_proxy.py) between replica and source.
+cut with a TCP proxy (hastandby/testing/delay_proxy.py) between replica and source.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import pytest
 from proton import Message
 from proton.utils import LinkDetached
 
-from benchmarks.delay_proxy import DelayProxy
+from hastandby.testing.delay_proxy import DelayProxy
 from hastandby.client import ManagementClient, ManagementError
-from tests.support.clients import browse, connect, receive, send
-from tests.support.nodes import REPO
-from tests.support.waiting import wait_for
+from hastandby.testing.clients import browse, connect, receive, send
+from hastandby.testing.nodes import REPO
+from hastandby.testing.waiting import wait_for
 
 
 def hastandby(*args: str, ok: bool = True) -> subprocess.CompletedProcess:

@@ -17,8 +17,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.support import auth
-from tests.support.netns import WanPair
+from hastandby.testing import auth
+from hastandby.testing.netns import WanPair
 
 PORT = 5672
 PROXY_PORT = 7000
@@ -128,7 +128,7 @@ def test_replication_over_a_delayed_link_between_namespaces(wan, tmp_path):
               *auth.serve_arguments())
     wan.popen("b", tmp_path / "replica.log", "-m", "hastandby", "serve", "--listen", replica,
               "--log-format", "json", *auth.serve_arguments())
-    wan.popen("b", tmp_path / "proxy.log", "-m", "benchmarks.delay_proxy", "--listen", proxy, "--target", source,
+    wan.popen("b", tmp_path / "proxy.log", "-m", "hastandby.testing.delay_proxy", "--listen", proxy, "--target", source,
               "--delay-ms", "25")
     wait_ready(wan, "a", source)
     wait_ready(wan, "b", replica)

@@ -24,12 +24,12 @@ from proton import Message
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
-from benchmarks.numbered_client import NumberedSender, drain
+from hastandby.testing.numbered_client import NumberedSender, drain
 from hastandby.broker import journal_format as jf
 from hastandby.client import ManagementClient
-from tests.support.etcd_ha import EtcdHa
-from tests.support.nodes import REPO, NodeProcess
-from tests.support.waiting import wait_for
+from hastandby.testing.etcd_ha import EtcdHa
+from hastandby.testing.nodes import REPO, NodeProcess
+from hastandby.testing.waiting import wait_for
 
 DURABLE = {"durable": True}
 

@@ -1,6 +1,6 @@
 """EtcdCoordinator against a real etcd server: elections, expiry, handover, outages.
 
-No mocks: every test runs etcd (tests/support/etcd.py).  Without an etcd
+No mocks: every test runs etcd (hastandby/testing/etcd.py).  Without an etcd
 binary these tests fail with a message saying how to install one; they never
 skip.  Timings are printed (``pytest -s``) and bounded by assertions.
 """
@@ -24,7 +24,7 @@ from hastandby.lifecycle.coordinator import CoordinatorEvent
 from hastandby.lifecycle.etcd_coordinator import EtcdCoordinator
 from hastandby.lifecycle.decide import Campaign, decide
 from hastandby.lifecycle.states import NodeStatus, State, next_status
-from tests.support.etcd import EtcdServer
+from hastandby.testing.etcd import EtcdServer
 
 pytestmark = pytest.mark.etcd
 

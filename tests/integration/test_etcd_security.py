@@ -1,9 +1,9 @@
 """etcd over TLS with authentication, and over several endpoints: the coordinator and real nodes.
 
-No mocks: etcd is the real server (tests/support/etcd.py), started with
+No mocks: etcd is the real server (hastandby/testing/etcd.py), started with
 https for clients, client-certificate authentication and etcd users (root,
 and a ``hastandby`` user whose role may use ``/hastandby/`` only);
-certificates are made here (tests/support/certs.py).  Idle tokens live
+certificates are made here (hastandby/testing/certs.py).  Idle tokens live
 ``TOKEN_TTL`` seconds, so renewing them is exercised throughout.  Endpoint
 failover runs against a three-member etcd cluster on loopback: the member a
 node talks to is killed or paused while the cluster stays up.
@@ -34,16 +34,16 @@ from hastandby.lifecycle.coordinator import CoordinatorError, CoordinatorEvent, 
 from hastandby.lifecycle.etcd_client import EtcdClient, EtcdError, EtcdSettings, etcdrpc
 from hastandby.lifecycle.etcd_coordinator import EtcdCoordinator
 from hastandby.lifecycle.states import NodeStatus, State
-from tests.support import auth
-from tests.support.certs import Pki, make_pki
-from tests.support.etcd import (
+from hastandby.testing import auth
+from hastandby.testing.certs import Pki, make_pki
+from hastandby.testing.etcd import (
     EtcdCluster,
     EtcdLogin,
     EtcdServer,
     EtcdTls,
     dead_endpoint,
 )
-from tests.support.nodes import NodeProcess, free_port
+from hastandby.testing.nodes import NodeProcess, free_port
 
 pytestmark = pytest.mark.etcd
 

@@ -18,11 +18,11 @@ from proton.reactor import Container
 
 from hastandby.client import ManagementClient
 from hastandby.security.credentials import Credentials
-from tests.support import auth
-from tests.support.certs import make_pki
-from tests.support.clients import connect
-from tests.support.nodes import free_port
-from tests.support.waiting import wait_for
+from hastandby.testing import auth
+from hastandby.testing.certs import make_pki
+from hastandby.testing.clients import connect
+from hastandby.testing.nodes import free_port
+from hastandby.testing.waiting import wait_for
 
 FAILOVER_SERVER_LIST = symbol("failover-server-list")
 

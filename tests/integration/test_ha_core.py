@@ -11,11 +11,11 @@ import pytest
 from proton import Message
 from proton.reactor import Copy
 
-from benchmarks import cexamples
-from benchmarks.numbered_client import NumberedSender
+from hastandby.testing import cexamples
+from hastandby.testing.numbered_client import NumberedSender
 from hastandby.client import ManagementClient, ManagementError
-from tests.support import auth
-from tests.support.clients import browse, close_condition, connect, receive, send
+from hastandby.testing import auth
+from hastandby.testing.clients import browse, close_condition, connect, receive, send
 
 ADMIN = {"properties": {"qpid.ha-admin": True}}
 

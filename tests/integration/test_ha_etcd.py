@@ -1,8 +1,8 @@
 """etcd-driven failover against real node processes and a real etcd server.
 
 Every node is a real ``python -m hastandby serve --etcd URL --cluster NAME
---node-id ID --lease-ttl 2 --brokers-url ...`` process (tests/support/nodes.py)
-and etcd is the real server (tests/support/etcd.py): nobody promotes anyone
+--node-id ID --lease-ttl 2 --brokers-url ...`` process (hastandby/testing/nodes.py)
+and etcd is the real server (hastandby/testing/etcd.py): nobody promotes anyone
 by hand unless the test says so; etcd's leader key decides.  One etcd serves
 the module, each test uses a cluster name of its own.
 
@@ -30,14 +30,14 @@ from proton import Message
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
-from benchmarks import cexamples
-from benchmarks.numbered_client import NumberedSender, drain
+from hastandby.testing import cexamples
+from hastandby.testing.numbered_client import NumberedSender, drain
 from hastandby.client import ManagementClient, ManagementError
-from tests.support import auth
-from tests.support.clients import browse_ids
-from tests.support.etcd_ha import POLL, TTL
-from tests.support.nodes import REPO, NodeProcess
-from tests.support.waiting import wait_for
+from hastandby.testing import auth
+from hastandby.testing.clients import browse_ids
+from hastandby.testing.etcd_ha import POLL, TTL
+from hastandby.testing.nodes import REPO, NodeProcess
+from hastandby.testing.waiting import wait_for
 
 pytestmark = pytest.mark.etcd
 
@@ -635,7 +635,7 @@ def test_operator_promote_hands_over_to_a_backup(ha):
 def test_dr_replication_survives_replica_cluster_failover(ha, node_factory):
     """The replica is an HA primary; kill -9 it and the new primary takes both replications over
     from etcd: the full replica converges, the enqueue replica gets each message exactly once."""
-    from tests.support.clients import browse, receive, send
+    from hastandby.testing.clients import browse, receive, send
 
     source = node_factory(name="dr-source")
     cluster = ha(2)

@@ -3,7 +3,7 @@
 Each test is named after the scenario of Qpid's src/tests/ha_tests.py it ports
 (the Qpid C++ HA test suite, ha_tests.py); the docstring says where ours differs.
 Clients are python-qpid-proton ``Container`` clients given the URL list of
-every node (benchmarks/numbered_client.py) and the proton C examples.
+every node (hastandby/testing/numbered_client.py) and the proton C examples.
 Every wait is bounded.  Node logs are printed when a test fails.
 """
 
@@ -20,13 +20,13 @@ from typing import Callable, Iterator
 import pytest
 from proton import Delivery, Message
 
-from benchmarks import cexamples
-from benchmarks.numbered_client import NumberedReceiver, NumberedSender, drain
-from tests.support import auth
-from tests.support.clients import browse, receive, send
-from tests.support.cluster import HaCluster
-from tests.support.nodes import REPO
-from tests.support.waiting import wait_for
+from hastandby.testing import cexamples
+from hastandby.testing.numbered_client import NumberedReceiver, NumberedSender, drain
+from hastandby.testing import auth
+from hastandby.testing.clients import browse, receive, send
+from hastandby.testing.cluster import HaCluster
+from hastandby.testing.nodes import REPO
+from hastandby.testing.waiting import wait_for
 
 ACCEPTED = Delivery.ACCEPTED
 
@@ -119,7 +119,7 @@ def test_failover(ha):
     The URL order puts the promoted node right after the dead one; the client
     has a 1 s heartbeat, so that it notices a dead connection without waiting
     for TCP (it may reach node 1 before the promotion and be refused; see
-    benchmarks/numbered_client.py).
+    hastandby/testing/numbered_client.py).
     """
     c = ha(3)
     c[0].request("CREATE", "queue", "c")
@@ -381,7 +381,7 @@ def test_failover_send_receive(ha):
     ``accepted`` has been received (duplicates allowed).  The clients hold the
     URL list of all nodes; a refusing backup sends them on to the next URL
     (plain proton would loop on a live backup listed before the primary,
-    which a rotating primary always produces; see benchmarks/numbered_client.py).
+    which a rotating primary always produces; see hastandby/testing/numbered_client.py).
     """
     c = ha(3)
     queues = ["q0", "q1", "q2"]

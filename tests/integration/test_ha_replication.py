@@ -22,13 +22,13 @@ from proton import Delivery, Message
 from proton.handlers import MessagingHandler
 from proton.reactor import ApplicationEvent, AtMostOnce, Container, EventInjector
 
-from benchmarks import cexamples
+from hastandby.testing import cexamples
 from hastandby.client import ManagementError
-from tests.support import auth
-from tests.support.clients import browse, connect, receive, send
-from tests.support.cluster import HaCluster
-from tests.support.nodes import REPO
-from tests.support.waiting import wait_for
+from hastandby.testing import auth
+from hastandby.testing.clients import browse, connect, receive, send
+from hastandby.testing.cluster import HaCluster
+from hastandby.testing.nodes import REPO
+from hastandby.testing.waiting import wait_for
 
 # -- helpers ------------------------------------------------------------------------
 

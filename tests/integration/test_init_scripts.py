@@ -32,8 +32,8 @@ from typing import Callable, Iterator
 import pytest
 
 from hastandby.client import ManagementClient, ManagementError
-from tests.support import auth
-from tests.support.nodes import REPO, free_port
+from hastandby.testing import auth
+from hastandby.testing.nodes import REPO, free_port
 
 SCRIPTS = REPO / "scripts" / "init.d"
 BACKUP = SCRIPTS / "qpid-backup"

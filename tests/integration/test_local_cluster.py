@@ -23,8 +23,8 @@ import pytest
 
 from hastandby.local_cluster import port_free
 from hastandby.local_processes import Started, alive, children
-from tests.support.nodes import REPO, free_port
-from tests.support.waiting import wait_for
+from hastandby.testing.nodes import REPO, free_port
+from hastandby.testing.waiting import wait_for
 
 pytestmark = pytest.mark.etcd
 

@@ -22,10 +22,10 @@ from proton.reactor import AtMostOnce
 from proton.utils import BlockingConnection
 
 from hastandby.client import ManagementClient
-from tests.support import clients
-from tests.support.nodes import free_port
-from tests.support.prometheus import PrometheusServer
-from tests.support.waiting import wait_for
+from hastandby.testing import clients
+from hastandby.testing.nodes import free_port
+from hastandby.testing.prometheus import PrometheusServer
+from hastandby.testing.waiting import wait_for
 
 
 @pytest.fixture

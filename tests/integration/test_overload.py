@@ -18,10 +18,10 @@ from proton.utils import BlockingConnection, LinkDetached
 
 from hastandby.broker.backlog import UNSETTLED_LIMIT, UNWRITTEN_LIMIT
 from hastandby.client import ManagementClient, ManagementError
-from tests.support import auth
-from tests.support.clients import connect
-from tests.support.nodes import NodeProcess, free_port
-from tests.support.waiting import wait_for
+from hastandby.testing import auth
+from hastandby.testing.clients import connect
+from hastandby.testing.nodes import NodeProcess, free_port
+from hastandby.testing.waiting import wait_for
 
 MiB = 1 << 20
 WATERMARK = 160 * MiB

@@ -15,8 +15,8 @@ import pytest
 from proton import Delivery, Message
 
 from tests.integration.test_queue_features import describe, hastandby, rhea, take_all
-from tests.support.clients import browse, connect, send
-from tests.support.waiting import wait_for
+from hastandby.testing.clients import browse, connect, send
+from hastandby.testing.waiting import wait_for
 
 
 def with_ids(prefix: str, count: int, start: int = 0, durable: bool = False) -> list[Message]:

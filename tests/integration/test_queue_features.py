@@ -1,7 +1,9 @@
 """Priorities, delivery limits and single active consumers (docs/queues.md) with real nodes and real clients.
 
-Each feature on a standalone node (python-qpid-proton clients, rhea for a
-priority queue's consumer), then across a failover: kill -9 of the primary
+Each feature on a standalone node (python-qpid-proton clients; rhea for a
+priority queue's producer and consumer, a consumer that releases and fails
+deliveries up to the delivery limit, and two consumers of a single active
+consumer queue), then across a failover: kill -9 of the primary
 and an etcd election, or a promotion (``HaCluster``); durable queues across
 a restart on their journal; and a DR replica declared with the same options.
 """
@@ -20,10 +22,10 @@ from proton import Delivery, Message, symbol
 from proton.reactor import Copy
 from proton.utils import BlockingConnection
 
-from tests.support import auth
-from tests.support.clients import browse, connect, send
-from tests.support.nodes import REPO
-from tests.support.waiting import wait_for
+from hastandby.testing import auth
+from hastandby.testing.clients import browse, connect, send
+from hastandby.testing.nodes import REPO
+from hastandby.testing.waiting import wait_for
 
 RHEA_CLIENT = REPO / "tests" / "rhea" / "client.js"
 PRIORITIES = [3, 9, 0, 5, 9, 4, 7, 1, 5, 8, 2, 6, 9, 0, 4]  # one of every level, some twice
@@ -238,6 +240,38 @@ def test_single_active_consumer_hands_over_in_attach_order(node):
     finally:
         for taker in (first, second, third):
             taker.close()
+
+
+def test_delivery_limit_with_a_rhea_consumer(node):
+    """rhea's ``released`` does not count, its ``modified`` with delivery-failed does, and the header's
+    delivery-count says so; at the limit the message leaves for the dead-letter route, annotated."""
+    dead_letter_route(node.address)
+    hastandby("add", "queue", "work", "--delivery-limit", "2", "--alternate-exchange", "dlx", "-b", node.address)
+    send(node.address, "work", [Message(body="poison")])
+    url = f"amqp://{node.address}"
+    seen = [rhea("--url", url, "--queue", "work", "--receive", "1", "--outcome", outcome)
+            for outcome in ("release", "fail", "release", "fail")]
+    assert [(r["bodies"], r["delivery_counts"]) for r in seen] == [(["poison"], [0]), (["poison"], [0]),
+                                                                   (["poison"], [1]), (["poison"], [1])]
+    wait_for(lambda: describe(node.address, "work")["stats"]["dead_lettered"] == 1, 5, "dead-lettered")
+    assert describe(node.address, "work")["depth"] == 0
+    dead = rhea("--url", url, "--queue", "dead", "--receive", "1")
+    assert dead["bodies"] == ["poison"]
+    assert dead["annotations"] == [{"x-opt-dead-letter-reason": "delivery-limit", "x-opt-dead-letter-queue": "work"}]
+
+
+def test_single_active_consumer_and_priorities_with_rhea(node):
+    """A rhea producer's header priorities order the queue; of two rhea consumers on one session, the first
+    attached gets every message, highest priority first; python-qpid-proton then takes over the queue."""
+    hastandby("add", "queue", "sac", "--single-active-consumer", "--priorities", "10", "-b", node.address)
+    url = f"amqp://{node.address}"
+    sent = rhea("--url", url, "--queue", "sac", "--send", "10", "--priority-from", "3")  # priorities 3..9, 0..2
+    assert sent["accepted"] == 10
+    got = rhea("--url", url, "--queue", "sac", "--receive", "6", "--consumers", "2")
+    assert got["consumers"] == [0] * 6
+    by_priority = sorted(range(10), key=lambda i: (-((3 + i) % 10), i))  # message i has priority (3 + i) % 10
+    assert got["bodies"] == [f"rhea-{i}" for i in by_priority[:6]]
+    assert [m.body for m in take_all(node.address, "sac", 4)] == [f"rhea-{i}" for i in by_priority[6:]]
 
 
 # -- across a failover ----------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Message groups (--group-header, --shared-groups; docs/queues.md) with real nodes and python-qpid-proton clients.
+"""Message groups (--group-header, --shared-groups; docs/queues.md) with real nodes, python-qpid-proton and rhea.
 
 On a standalone node: two consumers and several groups, each group's messages
 at one consumer at a time and in order; a consumer's detach frees its groups.
@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from proton import Message
 
-from tests.integration.test_queue_features import Taker, admin_browse, describe, hastandby
-from tests.support.clients import browse, send
-from tests.support.waiting import wait_for
+from tests.integration.test_queue_features import Taker, admin_browse, describe, hastandby, rhea
+from hastandby.testing.clients import browse, send
+from hastandby.testing.waiting import wait_for
 
 GROUPS = "abcd"
 
@@ -134,6 +134,35 @@ def test_a_consumers_detach_frees_its_groups(node):
     finally:
         first.close()
         second.close()
+
+
+def test_groups_with_a_rhea_producer_and_rhea_consumers(node):
+    """rhea's application properties (``--property grp --values 3``) make the groups; two python-qpid-proton
+    consumers each hold whole groups, in order; then two rhea consumers on one session, holding what they
+    get unsettled (``--outcome none``), each get whole groups only."""
+    hastandby("add", "queue", "orders", "--group-header", "grp", "-b", node.address)
+    url = f"amqp://{node.address}"
+    assert rhea("--url", url, "--queue", "orders", "--send", "12", "--property", "grp", "--values", "3")["accepted"] == 12
+    sent = [f"rhea-{i}" for i in range(12)]
+    group = {f"rhea-{i}": f"v{i % 3}" for i in range(12)}
+    first, second = Taker(node.address, "orders", credit=50), Taker(node.address, "orders", credit=50)
+    try:
+        got = {"first": [m.body for m in drain(first)], "second": [m.body for m in drain(second)]}
+        assert sorted(got["first"] + got["second"]) == sorted(sent)
+        for bodies in got.values():  # each group's messages at one consumer, in the order sent
+            for g in {group[b] for b in bodies}:
+                assert [b for b in bodies if group[b] == g] == [b for b in sent if group[b] == g]
+        assert not {group[b] for b in got["first"]} & {group[b] for b in got["second"]}
+    finally:
+        first.close()  # unsettled: every message goes back, each group free once its holder is gone
+        second.close()
+    wait_for(lambda: owned(node.address, "orders") == {}, 10, "every group free")
+    held = rhea("--url", url, "--queue", "orders", "--receive", "12", "--consumers", "2", "--outcome", "none")
+    assert sorted(held["bodies"]) == sorted(sent)
+    at: dict[str, set[int]] = {}
+    for body, consumer in zip(held["bodies"], held["consumers"]):
+        at.setdefault(group[body], set()).add(consumer)
+    assert all(len(consumers) == 1 for consumers in at.values()), at
 
 
 def test_bad_group_options_are_refused_with_a_clear_error(node):

@@ -14,8 +14,8 @@ import pytest
 from proton import Message, Timeout
 
 from tests.integration.test_queue_features import Taker, describe, hastandby, rhea, take_all
-from tests.support.clients import browse, send
-from tests.support.waiting import wait_for
+from hastandby.testing.clients import browse, send
+from hastandby.testing.waiting import wait_for
 
 
 def prices(*pairs: tuple[str, str | None], durable: bool = False) -> list[Message]:

@@ -11,10 +11,10 @@ sent, in order.
 
 Nodes are started with exactly the security options each test gives (``Node``
 below adds none of its own), against a users file of the test's own: the
-run's ``admin``, ``peer`` and ``app`` users (``tests/support/auth.py``, so
+run's ``admin``, ``peer`` and ``app`` users (``hastandby/testing/auth.py``, so
 that management clients, which authenticate as ``admin``, work unchanged),
 and certificate-only users named by the test PKI's certificates
-(``tests/support/certs.py``).  python-qpid-proton cannot verify a server
+(``hastandby/testing/certs.py``).  python-qpid-proton cannot verify a server
 certificate by IP address: TLS clients connect to ``localhost``.
 """
 
@@ -44,10 +44,10 @@ from proton.utils import BlockingConnection, SyncRequestResponse
 from hastandby.client import Login, ManagementClient, ManagementError
 from hastandby.security.credentials import Credentials
 from hastandby.security.sasl import AMQP_HEADER, INIT, SASL_HEADER, SaslClient, encode_frame
-from tests.support import auth
-from tests.support.certs import Pki, make_pki
-from tests.support.nodes import REPO, NodeProcess, free_port
-from tests.support.waiting import wait_for
+from hastandby.testing import auth
+from hastandby.testing.certs import Pki, make_pki
+from hastandby.testing.nodes import REPO, NodeProcess, free_port
+from hastandby.testing.waiting import wait_for
 
 ADMIN, PEER, APP = auth.ADMIN, auth.PEER, auth.APP
 PASSWORDS = auth.PASSWORDS

@@ -16,9 +16,9 @@ import time
 import psutil
 import pytest
 
-from benchmarks.numbered_client import NumberedSender, drain
-from tests.support.etcd_ha import EtcdHa
-from tests.support.waiting import wait_for
+from hastandby.testing.numbered_client import NumberedSender, drain
+from hastandby.testing.etcd_ha import EtcdHa
+from hastandby.testing.waiting import wait_for
 
 pytestmark = pytest.mark.etcd
 

@@ -35,9 +35,9 @@ from typing import Iterator
 import pytest
 
 from hastandby.client import ManagementClient, ManagementError
-from tests.support import auth
-from tests.support.nodes import REPO, free_port
-from tests.support.waiting import wait_for
+from hastandby.testing import auth
+from hastandby.testing.nodes import REPO, free_port
+from hastandby.testing.waiting import wait_for
 
 UNITS = REPO / "scripts" / "systemd"
 NODE_UNIT = UNITS / "hastandby@.service"

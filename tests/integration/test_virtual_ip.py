@@ -1,11 +1,11 @@
 """A virtual IP that follows the primary, and role-change hooks, on a LAN of network namespaces (needs root).
 
 Three nodes, each a host (network namespace) on one Linux bridge
-(``tests/support/netns.Lan``), run under their supervisors with
+(``hastandby/testing/netns.Lan``), run under their supervisors with
 ``--virtual-ip VIP/24 --virtual-ip-interface <their LAN interface>`` and an
 ``--on-role-change`` script that appends every call to a file; etcd runs in
 the root namespace on the bridge's address, lease TTL 2 s.  A plain
-python-qpid-proton producer (``benchmarks.numbered_client``: proton's
+python-qpid-proton producer (``hastandby.testing.numbered_client``: proton's
 reconnect every 0.1 s, a 1 s idle timeout) in a fourth host knows only
 ``amqp://VIP:5672``.  Faults on the primary, one after the other, the
 cluster whole again (three nodes, all in the sync set) before each:
@@ -44,11 +44,11 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from benchmarks.numbered_client import drain
+from hastandby.testing.numbered_client import drain
 from hastandby.client import ManagementClient, ManagementError
-from tests.support import auth
-from tests.support.etcd import EtcdServer
-from tests.support.netns import Lan
+from hastandby.testing import auth
+from hastandby.testing.etcd import EtcdServer
+from hastandby.testing.netns import Lan
 
 pytestmark = [pytest.mark.etcd, pytest.mark.timeout(300)]
 
@@ -187,11 +187,11 @@ class VipCluster:
 
 
 class Producer:
-    """``benchmarks.numbered_client`` in the client host, producing to ``amqp://VIP:5672`` only."""
+    """``hastandby.testing.numbered_client`` in the client host, producing to ``amqp://VIP:5672`` only."""
 
     def __init__(self, lan: Lan, vip: str, workdir: Path) -> None:
         self.history = workdir / "producer-history.jsonl"
-        self.proc = lan.python("client", ["-m", "benchmarks.numbered_client", "--urls", f"amqp://{vip}:{PORT}",
+        self.proc = lan.python("client", ["-m", "hastandby.testing.numbered_client", "--urls", f"amqp://{vip}:{PORT}",
                                           "--queue", QUEUE, "--history", str(self.history), "--heartbeat", "1",
                                           "--reconnect-delay", "0.1", "--time-limit", "280"],
                                workdir / "producer.log", env={**os.environ, "PYTHONUNBUFFERED": "1",

@@ -15,7 +15,15 @@
 // line.  --timeout (seconds) bounds the whole run.  --message-ids yes gives each
 // message sent its body as message-id (duplicate detection).  --property NAME
 // --values N gives message i the application property NAME = "v" + (i % N)
-// (last-value queues, message groups).
+// (last-value queues, message groups).  --priority-from N gives message i the
+// header priority (N + i) % 10 (priority queues).  Receiving: --consumers N
+// opens N receivers on the queue, in attach order, each given --receive
+// credit, and stops once --receive messages came to them all together;
+// --outcome accept (default), release, fail (modified with delivery-failed:
+// counts toward a delivery limit), reject or none (left unsettled, held:
+// message groups).  The JSON line then also has "consumers" (which receiver,
+// 0-based, got each message), "delivery_counts" (each message's header
+// delivery-count) and "annotations" (each message's message annotations).
 'use strict';
 
 const fs = require('fs');
@@ -26,7 +34,7 @@ function parse(argv) {
     url: 'amqp://127.0.0.1:5672', queue: 'rhea', send: 0, receive: 0, timeout: 20,
     user: process.env.HASTANDBY_USER, password: process.env.HASTANDBY_PASSWORD,
     ca: undefined, cert: undefined, key: undefined, prefix: 'rhea-', 'message-ids': 'no',
-    property: undefined, values: 1,
+    property: undefined, values: 1, 'priority-from': undefined, consumers: 1, outcome: 'accept',
   };
   for (let i = 0; i < argv.length; i += 2) {
     const name = argv[i].replace(/^--/, '');
@@ -34,7 +42,11 @@ function parse(argv) {
     if (!(name in options) || value === undefined) {
       throw new Error(`unknown option or missing value: ${argv[i]}`);
     }
-    options[name] = ['send', 'receive', 'timeout', 'values'].includes(name) ? Number(value) : value;
+    options[name] = ['send', 'receive', 'timeout', 'values', 'priority-from', 'consumers'].includes(name)
+      ? Number(value) : value;
+  }
+  if (!['accept', 'release', 'fail', 'reject', 'none'].includes(options.outcome)) {
+    throw new Error(`--outcome must be accept, release, fail, reject or none, got ${options.outcome}`);
   }
   return options;
 }
@@ -73,7 +85,8 @@ function describe(error) {
 }
 
 function run(options) {
-  const result = { sent: 0, accepted: 0, received: 0, bodies: [], error: null };
+  const result = { sent: 0, accepted: 0, received: 0, bodies: [], error: null, consumers: [], delivery_counts: [],
+                   annotations: [] };
   const container = rhea.create_container();
   let connection;
   let finished = false;
@@ -98,14 +111,25 @@ function run(options) {
 
   const startReceiving = () => {
     if (options.receive <= 0) return finish();
-    const receiver = connection.open_receiver({ source: options.queue, autoaccept: true, credit_window: 0 });
-    receiver.add_credit(options.receive);
-    receiver.on('message', (context) => {
-      result.received += 1;
-      result.bodies.push(context.message.body);
-      if (result.received === options.receive) finish();
-    });
-    receiver.on('receiver_error', (context) => finish(`receiver: ${describe(context.receiver.error)}`));
+    for (let index = 0; index < options.consumers; index += 1) {
+      const receiver = connection.open_receiver({ source: options.queue, autoaccept: false, credit_window: 0 });
+      receiver.add_credit(options.receive);
+      receiver.on('message', (context) => {
+        if (result.received >= options.receive) return; // beyond what was asked: left unsettled
+        result.received += 1;
+        result.bodies.push(context.message.body);
+        result.consumers.push(index);
+        result.delivery_counts.push(context.message.delivery_count || 0);
+        result.annotations.push(context.message.message_annotations || {});
+        const delivery = context.delivery;
+        if (options.outcome === 'accept') delivery.accept();
+        else if (options.outcome === 'release') delivery.release();
+        else if (options.outcome === 'fail') delivery.modified({ delivery_failed: true, undeliverable_here: false });
+        else if (options.outcome === 'reject') delivery.reject();
+        if (result.received === options.receive) setTimeout(() => finish(), 100); // the dispositions go out first
+      });
+      receiver.on('receiver_error', (context) => finish(`receiver: ${describe(context.receiver.error)}`));
+    }
   };
 
   container.on('connection_open', () => {
@@ -117,6 +141,7 @@ function run(options) {
         const message = { body: `${options.prefix}${next}` };
         if (options['message-ids'] === 'yes') message.message_id = message.body; // --message-ids yes: id = body
         if (options.property) message.application_properties = { [options.property]: `v${next % options.values}` };
+        if (options['priority-from'] !== undefined) message.priority = (options['priority-from'] + next) % 10;
         sender.send(message);
         next += 1;
         result.sent += 1;

@@ -23,7 +23,7 @@ import pytest
 
 from spark_analysis import synthetic
 from spark_analysis import trace_schema as ts
-from tests.support.nodes import free_port
+from hastandby.testing.nodes import free_port
 
 pytestmark = pytest.mark.spark
 

@@ -2,7 +2,7 @@
 
 Each node is an ``ElectionLoop`` over a ``FakeHaNode`` (the state table and
 its actions, recorded) and a ``FakeCoordinator`` on a shared ``FakeCluster``
-(tests/support).  The loop's thread is never started: a test runs what one
+(hastandby/testing).  The loop's thread is never started: a test runs what one
 turn of ``ElectionLoop._run`` does (``_drain_requests``, then ``_cycle``) and
 then the node's "reactor" (the role changes the cycle handed over), node by
 node, and moves the fake clock by hand.  The first tests pin the fake to
@@ -29,8 +29,8 @@ from hastandby.lifecycle.states import (
     NodeStatus,
     State,
 )
-from tests.support.fake_coordinator import FakeCluster, FakeCoordinator
-from tests.support.fake_elected_node import FakeHaNode
+from hastandby.testing.fake_coordinator import FakeCluster, FakeCoordinator
+from hastandby.testing.fake_elected_node import FakeHaNode
 
 TTL, MARGIN = 2, 0.5  # safe lease age 1.5 s
 BECOME_PRIMARY = [Action.STOP_REPLICATION, Action.START_GUARDING, Action.ADMIT_CLIENTS, Action.PUBLISH_STATUS]

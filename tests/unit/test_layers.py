@@ -69,3 +69,58 @@ def test_only_the_driver_and_links_use_the_c_binding() -> None:
 def test_relative_imports_resolve() -> None:
     """The checks above read relative imports right: the replication package's own are seen as such."""
     assert "hastandby.replication.batching" in _imports(PACKAGE / "replication" / "subscription.py")
+
+
+# -- the harness: hastandby/testing, shared by tests/ and benchmarks/ -----------------------------------------------
+
+ROOT = PACKAGE.parent
+HARNESS = PACKAGE / "testing"
+
+# Test suites that still live under benchmarks/ (the next move takes them under tests/), and the tests that
+# drive them or a benchmark's own logic.  Until then they may import across; nothing else may.
+NEXT_MOVE = ("benchmarks/fuzz/", "benchmarks/nemesis/")
+TESTS_OF_BENCHMARKS = {
+    "tests/integration/test_fuzz.py",  # runs benchmarks/fuzz
+    "tests/integration/test_nemesis.py",  # runs benchmarks/nemesis
+    "tests/unit/test_nemesis_schedule.py",  # benchmarks/nemesis's schedules and executor
+    "tests/spark/test_trace_schema.py",  # the trace names benchmarks/nemesis writes
+    "tests/unit/test_failover_cases.py",  # the failover benchmark's own case parser
+}
+
+
+def _python_files(folder: Path) -> list[Path]:
+    return sorted(path for path in folder.rglob("*.py") if "__pycache__" not in path.parts)
+
+
+def _importing(paths: list[Path], prefixes: tuple[str, ...]) -> list[str]:
+    return [
+        f"{path.relative_to(ROOT)} imports {module}"
+        for path in paths
+        for module in sorted(_imports(path))
+        if any(module == p or module.startswith(p + ".") for p in prefixes)
+    ]
+
+
+def test_the_harness_imports_neither_tests_nor_benchmarks() -> None:
+    """``hastandby/testing`` is what both import (as trio ships ``trio/testing``); it imports neither, nor pytest."""
+    assert _importing(_python_files(HARNESS), ("tests", "benchmarks", "pytest")) == []
+
+
+def test_the_product_never_imports_the_harness() -> None:
+    product = [path for path in _python_files(PACKAGE) if HARNESS not in path.parents]
+    assert _importing(product, ("hastandby.testing",)) == []
+
+
+def test_tests_and_benchmarks_meet_only_in_the_harness() -> None:
+    tests = [path for path in _python_files(ROOT / "tests")
+             if str(path.relative_to(ROOT)) not in TESTS_OF_BENCHMARKS]
+    benchmarks = [path for path in _python_files(ROOT / "benchmarks")
+                  if not str(path.relative_to(ROOT)).startswith(NEXT_MOVE)]
+    assert _importing(tests, ("benchmarks",)) == []
+    assert _importing(benchmarks, ("tests",)) == []
+
+
+def test_the_exemptions_are_still_needed() -> None:
+    """Each test named in ``TESTS_OF_BENCHMARKS`` still imports ``benchmarks`` (drop it from the list once not)."""
+    stale = [name for name in sorted(TESTS_OF_BENCHMARKS) if not _importing([ROOT / name], ("benchmarks",))]
+    assert stale == []

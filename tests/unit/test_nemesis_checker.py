@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from benchmarks.nemesis.checker import QueueVerdict, ReplicaDiff, check_total_queue, compare_replicas
+from hastandby.testing.checker import QueueVerdict, ReplicaDiff, check_total_queue, compare_replicas
 
 
 def test_a_clean_history_is_valid():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hastandby.security.tls import TlsError, TlsLayer, TlsSettings
-from tests.support.certs import Pki, make_pki
+from hastandby.testing.certs import Pki, make_pki
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from hastandby.broker.driver import Driver
 from hastandby.broker.memory import MemoryAlarm
 from hastandby.broker.registry import Registry
 from hastandby.browser.backup import BackupReplication
-from hastandby.browser.primary import BackupState, PrimaryReplication
+from hastandby.browser.primary import PrimaryReplication
 from hastandby.replication.codec import ProtocolError, decode_control, encode_control
 from hastandby.browser.protocol import (
     Hello,
@@ -25,6 +25,8 @@ from hastandby.browser.protocol import (
 )
 from hastandby.lifecycle.cluster_management import ClusterManagement
 from hastandby.lifecycle.ha_node import HaNode
+from hastandby.lifecycle.roles import BackupRole, PrimaryRole
+from hastandby.lifecycle.states import State
 
 
 def replication(expected: dict[str, str] | None = None) -> PrimaryReplication:
@@ -33,6 +35,11 @@ def replication(expected: dict[str, str] | None = None) -> PrimaryReplication:
     return PrimaryReplication(registry, Driver(None), me={"node_id": "p", "url": "h:1"}, term=7,
                               expected=expected if expected is not None else {"b": "h:2"},
                               backup_timeout=10.0, on_expected_done=lambda timed_out: None)
+
+
+def backup_role(members: list[PeerMember]) -> BackupRole:
+    """A backup's role whose replication was last told ``members`` (nothing else of it is used)."""
+    return BackupRole(SimpleNamespace(members=members), lambda link: None, lambda connection: False)  # type: ignore[arg-type]
 
 
 def over_the_wire(body: dict[str, Any]) -> dict[str, Any]:
@@ -55,7 +62,7 @@ def test_the_primary_sends_the_maps_it_always_sent() -> None:
 
 def test_a_hello_round_trips_through_amqp() -> None:
     primary = replication()
-    primary.backups["b"].state = BackupState.READY
+    primary.backups["b"].state = State.BACKUP
     primary.backups["b"].connected = True
     hello = decode_hello(over_the_wire(primary.hello()))
     assert hello.primary == PeerMember("p", "h:1")
@@ -181,7 +188,7 @@ def test_query_shows_the_wire_maps_with_reachable_urls() -> None:
                               {"node_id": "b", "url": "h:2", "state": "ready", "connected": True, "expected": False}])
     for tls, prefix in ((False, ""), (True, "amqps://")):
         management = object.__new__(ClusterManagement)
-        management.ha = SimpleNamespace(primary=None, members=members, status=SimpleNamespace(state="backup", term=4))
+        management.ha = SimpleNamespace(role=backup_role(members), status=SimpleNamespace(state="backup", term=4))
         management.node = SimpleNamespace(config=SimpleNamespace(peer_tls=tls))
         described = management.describe()
         assert described["members"] == [
@@ -191,7 +198,8 @@ def test_query_shows_the_wire_maps_with_reachable_urls() -> None:
 
 def test_a_primary_query_shows_its_members() -> None:
     management = object.__new__(ClusterManagement)
-    management.ha = SimpleNamespace(primary=replication(), members=[], status=SimpleNamespace(state="primary", term=7))
+    management.ha = SimpleNamespace(role=PrimaryRole(replication(), backup_role([])),
+                                    status=SimpleNamespace(state="primary", term=7))
     management.node = SimpleNamespace(config=SimpleNamespace(peer_tls=False))
     assert management.describe()["members"] == [
         {"node_id": "p", "url": "h:1", "state": "primary"},
@@ -199,13 +207,13 @@ def test_a_primary_query_shows_its_members() -> None:
 
 
 def test_a_promoted_backup_expects_the_other_ready_backups() -> None:
-    node = SimpleNamespace(election=None, node=SimpleNamespace(node_id="me"), members=[
+    node = SimpleNamespace(election=None, node=SimpleNamespace(node_id="me"), role=backup_role([
         PeerMember("p", "h:1", "primary"),
         PeerMember("me", "h:2", "ready"),
         PeerMember("b", "h:3", "ready", connected=True, expected=False),
         PeerMember("c", "h:4", "catchup", connected=True, expected=False),
         PeerMember("", "h:5", "ready"),  # no node id: nothing to expect
-    ])
+    ]))
     assert HaNode._expected_backups(node) == {"b": "h:3"}  # type: ignore[arg-type]
 
 

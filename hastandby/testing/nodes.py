@@ -1,0 +1,98 @@
+"""Real ``hastandby serve`` processes on loopback ports, stopped by PID.
+
+Every node requires authentication and knows the test run's users
+(``auth.serve_arguments()``, given before the test's own arguments, so a test
+may override them, e.g. with ``--allow-anonymous``).  ``url`` is the ``app``
+user's URL for python-qpid-proton clients; management requests authenticate as
+``admin`` (the environment conftest exports).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hastandby.client import ManagementClient, ManagementError
+
+from . import auth
+from .paths import repo
+from .processes import free_port
+
+REPO = repo()  # the checkout's root: the nodes' cwd, and where tests find scripts/ and docs/
+
+
+class NodeProcess:
+    """One node process; ``stop()`` (SIGTERM, then SIGKILL) always runs in fixtures."""
+
+    def __init__(self, log_dir: Path, *args: str, port: int | None = None, name: str = "node") -> None:
+        self.port = port or free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.url = auth.url(self.address)  # amqp://app:PASSWORD@127.0.0.1:PORT
+        self.args = list(args)
+        self.log_path = Path(log_dir) / f"{name}-{self.port}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, wait: bool = True) -> "NodeProcess":
+        command = [sys.executable, "-m", "hastandby", "serve", "--listen", self.address,
+                   "--log-format", "json", *auth.serve_arguments(), *self.args]
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(command, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT)
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"node exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with ManagementClient(self.address, timeout=2) as client:
+                    client.request("PING")
+                return
+            except ManagementError:
+                time.sleep(0.1)
+        raise TimeoutError(f"node {self.address} not ready after {timeout}s:\n{self.log()}")
+
+    def request(self, operation: str, type: str = "", name: str = "", body: dict | None = None):
+        with ManagementClient(self.address, timeout=10) as client:
+            return client.request(operation, type, name, body)
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-5000:]
+        except OSError:
+            return ""
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def signal(self, signum: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signum)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM, wait, SIGKILL if needed; returns the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
