@@ -249,6 +249,8 @@ def _queues(query: dict[str, Any]) -> Iterator[Metric | None]:
     depth = _gauges("queue_depth", "messages on the queue (acquired ones included)", ["queue"])
     size = _gauges("queue_bytes", "bytes of the messages on the queue", ["queue"])
     acquired = _gauges("queue_acquired", "messages delivered to consumers and not yet settled", ["queue"])
+    held = _gauges("queue_scheduled", "messages on the queue held back until their delivery time "
+                   "(x-opt-delivery-time, x-opt-delivery-delay)", ["queue"])
     consumers = _gauges("queue_consumers", "consumers attached to the queue", ["queue"])
     counters = {stat: _counters(f"queue_{stat}", doc, ["queue"]) for stat, doc in _QUEUE_COUNTERS.items()}
     for queue in queues:
@@ -256,11 +258,12 @@ def _queues(query: dict[str, Any]) -> Iterator[Metric | None]:
         depth.add(labels, queue.get("depth"))
         size.add(labels, queue.get("bytes"))
         acquired.add(labels, queue.get("acquired"))
+        held.add(labels, queue.get("scheduled", 0))
         consumers.add(labels, queue.get("consumers"))
         stats = queue.get("stats") or {}
         for stat, family in counters.items():
             family.add(labels, stats.get(stat))
-    yield from (f.family for f in (depth, size, acquired, consumers, *counters.values()))
+    yield from (f.family for f in (depth, size, acquired, held, consumers, *counters.values()))
     routed = _counters("exchange_routed", "messages the exchange routed to at least one queue", ["exchange"])
     dropped = _counters("exchange_dropped", "messages the exchange routed nowhere", ["exchange"])
     for exchange in query.get("exchanges") or []:

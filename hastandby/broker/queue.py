@@ -31,6 +31,9 @@ from .completion import Completion
 from .errors import ResourceLimitExceeded
 from .idset import IdSet
 from .lineage import Lineage
+from .sections import SCHEDULE_MARK, may_be_scheduled
+
+Scheduler = Callable[[float, Callable[[], None]], Any]
 
 
 class Consumer(Protocol):
@@ -105,6 +108,10 @@ class QueueSettings:
 class Queue:
     """Messages of one queue plus who consumes and browses them."""
 
+    timers: Scheduler | None = None
+    """The driver's ``schedule`` (the registry sets it): a queue holding scheduled messages keeps one timer,
+    for the earliest (``scheduled.py``).  Without it they fall due when the queue next dispatches."""
+
     def __init__(self, name: str, settings: QueueSettings, object_uuid: str | None = None) -> None:
         self.name = name
         self.settings = settings
@@ -131,6 +138,10 @@ class Queue:
         self._delivery_counts: dict[int, int] = {}
         self._expiry_heap: list[tuple[float, int]] = []
         self._expires: dict[int, float] = {}
+        # Scheduled delivery (scheduled.py): messages held back until their time, id -> due (ms since the epoch).
+        # They wait in ``_acquired`` (under ``scheduled.HELD``), so no dispatch of any kind takes them early.
+        self._scheduled: dict[int, int] = {}
+        self._keeper: Any = None  # the ScheduleKeeper observer while the queue holds scheduled messages
         self._browse_pos: dict[int, tuple[int, int]] = {}  # id(browser) -> (last id, index hint)
         self._rr = 0
         self._dispatching = False
@@ -207,6 +218,8 @@ class Queue:
             self.next_id = msg_id + 1
         if self.settings.policy == "ring" and not replica:
             self._make_room(len(data))
+        elif replica and self._keeper is None and may_be_scheduled(data):
+            self.start_scheduling(data)  # a replica's message with a time to come: held here too (scheduled.py)
         ids = self._ids
         if not ids or msg_id > ids[-1]:
             ids.append(msg_id)
@@ -291,7 +304,23 @@ class Queue:
             heapq.heappush(self._expiry_heap, (deadline, msg_id))
         if counts:
             self._delivery_counts.update(counts)
+        for at in [at for at, payload in enumerate(payloads) if SCHEDULE_MARK in payload]:
+            if self.start_scheduling(payloads[at]):  # a journaled message with a time still to come: held again
+                self._keeper.hold(self, ids[at], payloads[at])
         self._arrived()
+
+    def start_scheduling(self, data: bytes | None = None) -> bool:
+        """Hold this queue's messages with a delivery time until then (``scheduled.py``): from now on the
+        queue's class is its kind's scheduling variant; it goes back once nothing is held.  False for a
+        kind that does not hold messages back (a last-value or grouped queue: docs/queues.md), or when
+        ``data`` (a message) has no time still to come."""
+        from .scheduled import start_scheduling  # scheduled.py builds on this module
+
+        return start_scheduling(self, data)
+
+    def scheduled_count(self) -> int:
+        """Messages held back until their delivery time (due ones are no longer held: consumers take them first)."""
+        return len(self._scheduled)
 
     def deadlines(self) -> dict[int, float]:
         """A copy of the expiry deadlines (monotonic seconds) of the messages that have a ttl."""
@@ -659,7 +688,7 @@ class Queue:
 
     @property
     def acquired_count(self) -> int:
-        return len(self._acquired)
+        return len(self._acquired) - len(self._scheduled)
 
     def describe(self) -> dict[str, Any]:
         s = self.settings
@@ -668,7 +697,8 @@ class Queue:
             "uuid": self.uuid,
             "depth": self.depth,
             "bytes": self.bytes,
-            "acquired": len(self._acquired),
+            "acquired": len(self._acquired) - len(self._scheduled),
+            "scheduled": len(self._scheduled),
             "consumers": len(self.consumers),
             "browsers": len(self.browsers),
             "replicate": s.replicate,

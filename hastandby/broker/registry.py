@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Protocol, Union
 import structlog
 from proton import symbol
 
-from . import sections
+from . import scheduled, sections
 from .completion import Completion
 from .errors import (
     AlreadyExists,
@@ -49,6 +49,9 @@ DEAD_LETTER_REASON = symbol("x-opt-dead-letter-reason")  # message annotations o
 DEAD_LETTER_QUEUE = symbol("x-opt-dead-letter-queue")
 
 log = structlog.get_logger("hastandby.registry")
+
+_NO_SCHEDULE = sections.NO_SCHEDULE_PREFIXES  # scheduled delivery: the hot path's first question (sections.py)
+
 
 Node = Union[Queue, Exchange]
 Scheduler = Callable[[float, Callable[[], None]], Any]
@@ -95,8 +98,13 @@ def _whole(arguments: dict[str, Any], key: str, lowest: int, highest: int) -> in
     number = None
     if isinstance(value, int) and not isinstance(value, bool):
         number = int(value)
-    elif isinstance(value, str) and value.strip().lstrip("+-").isdigit():
-        number = int(value.strip())
+    elif isinstance(value, str):
+        # ASCII digits with at most one sign, and few of them: ``isdigit`` alone also takes "²" or "+-5",
+        # which ``int`` refuses, and ``int`` refuses strings of more than 4,300 digits.
+        text = value.strip()
+        digits = text[1:] if text[:1] in ("+", "-") else text
+        if digits.isascii() and digits.isdigit() and len(digits) <= 20:
+            number = int(text)
     if number is None or not lowest <= number <= highest:
         raise InvalidArgument(f"{key} must be a whole number from {lowest} to {highest}, got {value!r}")
     return number
@@ -282,6 +290,7 @@ class Registry:
         if require_alternate and settings.alternate_exchange and settings.alternate_exchange not in self.exchanges:
             raise NotFound(f"alternate exchange {settings.alternate_exchange!r} does not exist")
         queue = queue_class(settings)(name, settings, object_uuid)
+        queue.timers = self._schedule  # scheduled delivery's one timer per queue (scheduled.py)
         if isinstance(queue, DeliveryLimitQueue):
             queue.dead_letter = self.dead_letter
         self.queues[name] = queue
@@ -440,7 +449,11 @@ class Registry:
         return []
 
     def deliver(self, queues: list[Queue], data: bytes, completion: Completion | None = None) -> None:
-        """Enqueue on every target queue, or on none if a reject-policy limit refuses."""
+        """Enqueue on every target queue, or on none if a reject-policy limit refuses (or the message asks for a
+        delivery time the node refuses: ``_delivery_time``)."""
+        held = False
+        if not data.startswith(_NO_SCHEDULE) and sections.may_be_scheduled(data):
+            data, held = self._delivery_time(queues, data)
         if self.read_only:
             for queue in queues:
                 reason = self.read_only.get(queue.name)
@@ -451,8 +464,36 @@ class Registry:
         for check in self.admission_checks:
             check(queues, data)
         ttl = sections.header_ttl(data)
+        if held:
+            for queue in queues:
+                queue.start_scheduling()
         for queue in queues:
             queue.enqueue(data, completion, ttl)
+
+    def _delivery_time(self, queues: list[Queue], data: bytes) -> tuple[bytes, bool]:
+        """A message that mentions ``x-opt-delivery-time`` or ``x-opt-delivery-delay``: (its bytes, whether its
+        queues hold it back).  A delay becomes an absolute ``x-opt-delivery-time`` here, once, on the node that
+        first takes the message, and travels in its bytes (scheduled.py); a bad value or a queue that cannot
+        hold a message back refuses it (``BadSchedule``: amqp:invalid-field), enqueuing nothing."""
+        when, delay = sections.schedule_request(data)
+        now = scheduled.wall_ms()
+        if when is None:
+            if not delay:
+                return data, False
+            when = now + delay
+            if when > sections.MAX_DELIVERY_TIME:
+                raise sections.BadSchedule(f"message annotation {sections.DELIVERY_DELAY} of {delay} ms ends past "
+                                           "the latest delivery time a node keeps")
+            data = sections.with_annotations(data, {sections.DELIVERY_TIME: when})
+            if sections.due_time(data) != when:
+                raise sections.BadSchedule("the message's annotations could not be given its delivery time")
+        if when <= now:
+            return data, False  # its time has come: an ordinary message
+        for queue in queues:
+            why = scheduled.refusal(queue)
+            if why is not None:
+                raise sections.BadSchedule(why)
+        return data, True
 
     def reject_to_alternate(self, queue: Queue, msg_id: int) -> None:
         """A consumer rejected a message: route it to the queue's alternate exchange, then drop it."""

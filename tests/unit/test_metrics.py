@@ -33,7 +33,7 @@ STATUS: dict[str, Any] = {
 }
 QUERY: dict[str, Any] = {
     "queues": [
-        {"name": "orders", "depth": 7, "bytes": 700, "acquired": 2, "consumers": 1,
+        {"name": "orders", "depth": 7, "bytes": 700, "acquired": 2, "scheduled": 3, "consumers": 1,
          "stats": {"enqueued": 10, "dequeued": 3, "expired": 0, "ring_dropped": 0, "rejected": 1,
                    "dead_lettered": 2, "deduplicated": 3, "replaced": 4}},
         {"name": "empty", "depth": 0, "bytes": 0, "acquired": 0, "consumers": 0,
@@ -108,6 +108,7 @@ def test_a_primary_snapshot_becomes_every_metric():
     assert value("hastandby_queue_depth", queue="orders") == 7
     assert value("hastandby_queue_bytes", queue="orders") == 700
     assert value("hastandby_queue_acquired", queue="orders") == 2
+    assert value("hastandby_queue_scheduled", queue="orders") == 3
     assert value("hastandby_queue_consumers", queue="orders") == 1
     assert value("hastandby_queue_enqueued_total", queue="orders") == 10
     assert value("hastandby_queue_dequeued_total", queue="orders") == 3
