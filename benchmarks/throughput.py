@@ -153,7 +153,8 @@ def baseline_target(root: Path) -> Target:
     """hastandby from an older tree (``--baseline-tree``): ``python -m hastandby`` run in it, so it imports
     the tree's package first (checked), with the same users and options."""
     root = root.resolve()
-    env = {**python_env(), "PYTHONPATH": str(root)}
+    env = python_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [env.get("PYTHONPATH")])])  # keep the site
     found = subprocess.run([sys.executable, "-c", "import hastandby; print(hastandby.__file__)"], cwd=root, env=env,
                            capture_output=True, text=True, timeout=30)
     if found.returncode != 0 or not Path(found.stdout.strip()).resolve().is_relative_to(root):
