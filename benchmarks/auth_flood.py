@@ -64,10 +64,11 @@ from hastandby.testing import auth as _auth
 from hastandby.testing.certs import make_certificates
 from hastandby.testing.flood_clients import KINDS
 from hastandby.testing.processes import LOOPBACK, Service, free_port, python_env
+from hastandby.testing.provenance import host_info
 
 from .ha_throughput import CURRENT, Tree, _request, _wait_answering, baseline_tree
 from .security import fmt, interrupt_on_sigterm, median_or_none, ratio, write_report
-from .throughput import DEFAULT_OUT, REPO_ROOT, host_info
+from .throughput import DEFAULT_OUT, REPO_ROOT
 
 ALONE = "alone"
 GOAL = 0.8

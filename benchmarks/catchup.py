@@ -57,9 +57,10 @@ from hastandby.client import ManagementClient, ManagementError
 from hastandby.testing import auth as _auth
 from hastandby.testing import cexamples
 from hastandby.testing.processes import Service, free_port, python_env
+from hastandby.testing.provenance import host_info
 
 from .ha_throughput import _request, _wait_answering, start_nodes
-from .throughput import DEFAULT_OUT, LOOPBACK, REPO_ROOT, _check_receive, _check_send, host_info
+from .throughput import DEFAULT_OUT, LOOPBACK, REPO_ROOT, _check_receive, _check_send
 
 CHUNK = 100_000
 DURABLE_QUEUE = "durable"

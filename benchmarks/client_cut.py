@@ -2,7 +2,7 @@
 how long a backup cut off from the primary holds producers.  ``python -m benchmarks.client_cut``.
 
 Needs root and ``ip``: etcd, three nodes and the clients each run in a network namespace of their own (the
-nemesis network, ``benchmarks/nemesis/network.py``), where a cut drops packets silently, as a failed switch
+nemesis network, ``hastandby/testing/netns.py``), where a cut drops packets silently, as a failed switch
 or a partition does: connections stall, no reset comes back, a new connect hangs in SYN_SENT.
 
 ``--cut primary``: a producer (``hastandby.testing.numbered_client`` in the clients' namespace, the URL list with
@@ -42,10 +42,12 @@ from pathlib import Path
 from typing import Any
 
 from hastandby.testing.netns import Network
+from hastandby.testing.netns_cluster import QUEUE, Cluster
+from hastandby.testing.netns_workload import History, Workload
+from hastandby.testing.nodes import read_node_log
+from hastandby.testing.provenance import host_info
 
-from .nemesis.cluster import QUEUE, Cluster
-from .nemesis.workload import History, Workload
-from .throughput import DEFAULT_OUT, host_info
+from .throughput import DEFAULT_OUT
 
 NODE_IDS = ("n1", "n2", "n3")
 HOSTS = (*NODE_IDS, "etcd", "clients")
@@ -91,18 +93,10 @@ def _address(url: str) -> str:
 def _log_times(path: Path, events: tuple[str, ...]) -> dict[str, float]:
     """time.time() of the first occurrence of each ``event`` (a prefix of the message) in a node's JSON log."""
     found: dict[str, float] = {}
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return found
-    for raw in lines:
-        try:
-            line = json.loads(raw)
-        except ValueError:
-            continue
+    for line in read_node_log(path):
         for event in events:
-            if event not in found and str(line.get("event", "")).startswith(event):
-                found[event] = datetime.fromisoformat(line["timestamp"].replace("Z", "+00:00")).timestamp()
+            if event not in found and str(line["event"]).startswith(event):
+                found[event] = line["_t"]
     return found
 
 

@@ -49,9 +49,10 @@ from hastandby.client import ManagementClient, ManagementError
 from hastandby.testing import auth as _auth
 from hastandby.testing import cexamples
 from hastandby.testing.processes import Service, free_port, python_env
+from hastandby.testing.provenance import host_info
 from spark_analysis.phases import nearest_rank
 
-from .throughput import DEFAULT_OUT, LOOPBACK, REPO_ROOT, host_info
+from .throughput import DEFAULT_OUT, LOOPBACK, REPO_ROOT
 
 MODES = ("full", "enqueue")
 READY_TIMEOUT = 60.0

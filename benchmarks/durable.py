@@ -83,6 +83,7 @@ from spark_analysis.phases import nearest_rank
 from hastandby.testing import auth as _auth
 from hastandby.testing import cexamples
 from hastandby.testing.processes import LOOPBACK, Service, free_port, python_env
+from hastandby.testing.provenance import host_info, uncommitted_changes
 
 from .ha_throughput import _LatencySender, _request, _wait_answering, _wait_state
 from .security import (
@@ -90,10 +91,9 @@ from .security import (
     interrupt_on_sigterm,
     median_or_none,
     ratio,
-    worktree,
     write_report,
 )
-from .throughput import DEFAULT_OUT, MIN_RATE, REPO_ROOT, host_info
+from .throughput import DEFAULT_OUT, MIN_RATE, REPO_ROOT
 
 HASTANDBY_SYSTEMS = {"standalone": 0, "primary+1": 1, "primary+2": 2, "primary+2-nondurable": 2}
 """hastandby systems and their number of backups."""
@@ -726,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
 
     command = shlex.join([sys.executable, "-m", "benchmarks.durable", *(sys.argv[1:] if argv is None else argv)])
     started = datetime.now(UTC)
-    host_at_start, code_at_start = host_info(), worktree()
+    host_at_start, code_at_start = host_info(), uncommitted_changes()
     for name in ("send-bench",):
         cexamples.build(name)
     work = Path(tempfile.mkdtemp(prefix="durable-bench-"))
@@ -786,7 +786,7 @@ def main(argv: list[str] | None = None) -> int:
                   summary=summary, rounds=results)
     failed = interrupted or not results or any(not r["ok"] for r in results)
     report["failed"] = failed
-    if host_info().get("git_commit") != host_at_start.get("git_commit") or worktree() != code_at_start:
+    if host_info().get("git_commit") != host_at_start.get("git_commit") or uncommitted_changes() != code_at_start:
         report["node_code_changed_during_run"] = True
         print("WARNING: the node code changed during the run; rounds before and after ran different code", flush=True)
     print_summary(summary)

@@ -43,7 +43,6 @@ resumed old primary acknowledged anything.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -60,19 +59,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from hastandby.client import Login, ManagementClient, ManagementError
+from hastandby.client import ManagementClient
 from hastandby.lifecycle.cluster import ClusterKeys
 from hastandby.testing import auth as _auth
 from hastandby.testing.etcd import EtcdServer
+from hastandby.testing.nodes import read_node_log
 from hastandby.testing.numbered_client import HEARTBEAT, RECONNECT_DELAY
 from hastandby.testing.processes import LOOPBACK, Service, free_port, python_env
+from hastandby.testing.provenance import host_info, uncommitted_changes
+from hastandby.testing.status_poller import StatusPoller
 from hastandby.testing.waiting import wait_until
 from spark_analysis import phases as ph
 from spark_analysis import trace_schema as ts
 from spark_analysis.phases import nearest_rank
 
 from .failover_lan import NODE_PORT, VIA_LOOPBACK, VIA_VIRTUAL_IP, VIAS, Case, FailoverLan
-from .throughput import DEFAULT_OUT, REPO_ROOT, host_info
+from .throughput import DEFAULT_OUT, REPO_ROOT
 
 FAULT_ALIASES = {
     "kill": ts.FAULT_KILL9, "kill9": ts.FAULT_KILL9,
@@ -96,7 +98,6 @@ START_TIMEOUT = 60.0  # etcd up, nodes settled into one primary + backups
 FIRST_ACK_TIMEOUT = 15.0
 DRAIN_TIMEOUT = 15.0  # producer in-flight settled; consumer has every acknowledged number
 QUIET = 0.5  # the consumer is done once nothing arrived for this long (after it has everything acked)
-POLL = 0.05  # seconds between STATUS requests to each node
 WAIT_STEP = 0.01
 
 # Goals at lease TTL 2 s (the brief; docs/failover-benchmark.md).
@@ -226,76 +227,6 @@ class ClientProcess(ChildProcess):
 
 
 @dataclass
-class Seen:
-    """One STATUS observation that differed from the previous one (``status`` None: no answer)."""
-
-    sent: float  # time.time() when the request was sent
-    t: float  # when the answer (or the failure) came
-    status: dict[str, Any] | None
-
-
-class StatusPoller:
-    """Asks one node for STATUS every POLL seconds over one admin connection; keeps the changes.
-
-    ``login``: the admin user to authenticate as (default: from the environment).
-    """
-
-    KEYS = ("state", "detail", "term", "primary", "halted", "queues")
-
-    def __init__(self, node_id: str, address: str, login: Login | None = None) -> None:
-        self.node_id = node_id
-        self.address = address
-        self.login = login
-        self.history: list[Seen] = []
-        self.latest: dict[str, Any] | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"failover-status-{node_id}", daemon=True)
-
-    def start(self) -> "StatusPoller":
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        client: ManagementClient | None = None
-        previous: Any = "none yet"
-        while not self._stop.is_set():
-            sent = time.time()
-            try:
-                if client is None:
-                    client = ManagementClient(self.address, timeout=1.0, login=self.login)
-                reply = client.request("STATUS")
-                status: dict[str, Any] | None = {k: reply.get(k) for k in self.KEYS}
-            except ManagementError:
-                status = None
-                if client is not None:
-                    client.close()
-                    client = None
-            self.latest = status
-            if status != previous:
-                self.history.append(Seen(sent, time.time(), status))
-                previous = status
-            self._stop.wait(POLL if status is not None else 0.1)
-        if client is not None:
-            client.close()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def state(self) -> str | None:
-        latest = self.latest
-        return latest["state"] if latest else None
-
-    def follows(self, primary_address: str) -> bool:
-        """A backup (caught up) replicating from ``primary_address``."""
-        latest = self.latest
-        return bool(latest and latest["state"] == "backup" and latest.get("primary") == primary_address)
-
-    def first_primary_after(self, t: float) -> Seen | None:
-        return next((s for s in self.history if s.t >= t and s.status and s.status["state"] == "primary"), None)
-
-
-@dataclass
 class NodeProc:
     node_id: str
     port: int
@@ -332,32 +263,7 @@ def _stop_node(node: NodeProc) -> None:
     node.service.stop(timeout=5)
 
 
-def _epoch(iso: str) -> float:
-    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
-
-
 _TERM = re.compile(r"term (\d+)")
-
-
-def read_node_log(path: Path) -> list[dict[str, Any]]:
-    """The JSON lines of a node's log (``--log-format json``) with ``_t`` = epoch seconds."""
-    lines = []
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return lines
-    for raw in text.splitlines():
-        try:
-            line = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(line, dict) and "event" in line and "timestamp" in line:
-            try:
-                line["_t"] = _epoch(str(line["timestamp"]))
-            except ValueError:
-                continue
-            lines.append(line)
-    return lines
 
 
 # -- one round -----------------------------------------------------------------------------------
@@ -1188,7 +1094,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     run_id = f"failover-{stamp}"
     command = shlex.join([sys.executable, "-m", "benchmarks.failover", *(sys.argv[1:] if argv is None else argv)])
-    host_at_start, code_at_start = host_info(), _worktree()  # the nodes run whatever is checked out
+    host_at_start, code_at_start = host_info(), uncommitted_changes()  # the nodes run whatever is checked out
     logs = Path(tempfile.mkdtemp(prefix="failover-logs-"))
     print(f"failover: {settings.rounds} rounds x {', '.join(c.name for c in cases)}; {settings.nodes} nodes, lease TTL "
           f"{settings.lease_ttl} s, {settings.rate:g} msg/s; traces in {settings.out}; node logs in {logs}", flush=True)
@@ -1246,7 +1152,7 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summary,
         "rounds": results,
     }
-    commit_at_end, code_at_end = host_info().get("git_commit"), _worktree()
+    commit_at_end, code_at_end = host_info().get("git_commit"), uncommitted_changes()
     if (commit_at_end, code_at_end) != (host_at_start.get("git_commit"), code_at_start):
         report["node_code_changed_during_run"] = {"git_commit_at_end": commit_at_end, "node_code_at_end": code_at_end}
         print(f"WARNING: the node code changed during the run (commit {host_at_start.get('git_commit')} -> "
@@ -1260,18 +1166,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"node logs: {settings.out / 'node-logs'}")
     bad = interrupted or any(not r["ok"] for r in results)
     return 1 if bad else 0
-
-
-def _worktree() -> dict[str, Any]:
-    """Uncommitted changes under hastandby/ (the nodes run the working tree, not the commit)."""
-    try:
-        status = subprocess.run(["git", "status", "--porcelain", "--", "hastandby"], cwd=REPO_ROOT,
-                                capture_output=True, text=True, timeout=10)
-        diff = subprocess.run(["git", "diff", "HEAD", "--", "hastandby"], cwd=REPO_ROOT,
-                              capture_output=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    return {"uncommitted": status.stdout.splitlines(), "diff_sha1": hashlib.sha1(diff.stdout).hexdigest()}
 
 
 def _interrupt(signum: int, frame: Any) -> None:

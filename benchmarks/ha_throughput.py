@@ -66,6 +66,7 @@ from hastandby.client import Login, ManagementClient, ManagementError
 from hastandby.testing import auth as _auth
 from hastandby.testing import cexamples
 from hastandby.testing.processes import Service, free_port, python_env
+from hastandby.testing.provenance import host_info
 from spark_analysis.phases import nearest_rank
 
 from .throughput import (
@@ -79,7 +80,6 @@ from .throughput import (
     Settings,
     _measure,
     _progress,
-    host_info,
 )
 
 CONFIGURATIONS = {"standalone": 0, "primary+1": 1, "primary+2": 2}

@@ -43,9 +43,10 @@ from hastandby.broker.queue import Queue
 from hastandby.broker.registry import Registry
 from hastandby.broker.sections import HEADER_PREFIX
 from hastandby.testing import cexamples
+from hastandby.testing.provenance import host_info
 
 from .ha_throughput import CURRENT, start_nodes, _request
-from .throughput import DEFAULT_OUT, PHASES, Run, Settings, _measure, host_info
+from .throughput import DEFAULT_OUT, PHASES, Run, Settings, _measure
 
 GOAL = 1.05
 HEADERS = {

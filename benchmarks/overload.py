@@ -79,6 +79,7 @@ from hastandby.client import ManagementClient, ManagementError
 from hastandby.testing import auth as _auth
 from hastandby.testing import cexamples
 from hastandby.testing.processes import Service, free_port, python_env
+from hastandby.testing.provenance import host_info, uncommitted_changes
 from hastandby.testing.waiting import wait_until
 from spark_analysis.phases import nearest_rank
 
@@ -90,7 +91,6 @@ from .security import (
     interrupt_on_sigterm,
     median_or_none,
     ratio,
-    worktree,
     write_report,
 )
 from .throughput import (
@@ -104,7 +104,6 @@ from .throughput import (
     _measure,
     _progress,
     _tail,
-    host_info,
 )
 
 PARTS = ("watermark", "idle")
@@ -809,7 +808,7 @@ def main(argv: list[str] | None = None) -> int:
     cexamples.build("send-bench")
     cexamples.build("receive-bench")
     started = datetime.now(UTC)
-    host_at_start, code_at_start = host_info(), worktree()
+    host_at_start, code_at_start = host_info(), uncommitted_changes()
     logs = Path(tempfile.mkdtemp(prefix="overload-logs-"))
     print(f"overload: parts {', '.join(args.parts)}; node logs in {logs}", flush=True)
     report: dict[str, Any] = {
@@ -840,7 +839,7 @@ def main(argv: list[str] | None = None) -> int:
     report["duration_s"] = round((datetime.now(UTC) - started).total_seconds(), 1)
     failed = interrupted or any(not report[part]["ok"] for part in PARTS if part in report)
     report["failed"] = failed
-    if host_info().get("git_commit") != host_at_start.get("git_commit") or worktree() != code_at_start:
+    if host_info().get("git_commit") != host_at_start.get("git_commit") or uncommitted_changes() != code_at_start:
         report["node_code_changed_during_run"] = True
         print("WARNING: the node code changed during the run", flush=True)
     path = write_report(args.out, "overload", started, report)

@@ -59,7 +59,6 @@ medians, ratios, goals).  Exit code 1 if any figure failed.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shlex
 import shutil
@@ -67,7 +66,6 @@ import signal
 import socket
 import ssl
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -101,6 +99,7 @@ from hastandby.testing import cexamples
 from hastandby.testing.certs import SERVER_NAME, SUBJECT, Certificates, make_certificates
 from hastandby.testing.clients import PlainSaslClient
 from hastandby.testing.processes import Service, free_port, python_env
+from hastandby.testing.provenance import host_info, uncommitted_changes
 from spark_analysis.phases import nearest_rank
 
 from .ha_throughput import _request, _wait_answering, _wait_state, ack_latency
@@ -114,7 +113,6 @@ from .throughput import (
     Settings,
     _measure,
     _progress,
-    host_info,
 )
 
 PARTS = ("tls", "ha", "setup")
@@ -127,18 +125,6 @@ CONNECT_TIMEOUT = 10.0
 
 
 # -- shared with benchmarks.overload ---------------------------------------------------------------
-
-
-def worktree() -> dict[str, Any]:
-    """Uncommitted changes under hastandby/ (the nodes run the working tree, not the commit)."""
-    try:
-        status = subprocess.run(["git", "status", "--porcelain", "--", "hastandby"], check=False, cwd=REPO_ROOT,
-                                capture_output=True, text=True, timeout=10)
-        diff = subprocess.run(["git", "diff", "HEAD", "--", "hastandby"], check=False, cwd=REPO_ROOT,
-                              capture_output=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    return {"uncommitted": status.stdout.splitlines(), "diff_sha1": hashlib.sha1(diff.stdout).hexdigest()}
 
 
 def interrupt_on_sigterm() -> Callable[[], None]:
@@ -753,7 +739,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("send-bench", "receive-bench"):
         cexamples.build(name)  # compile before any clock runs
     started = datetime.now(UTC)
-    host_at_start, code_at_start = host_info(), worktree()
+    host_at_start, code_at_start = host_info(), uncommitted_changes()
     logs = Path(tempfile.mkdtemp(prefix="security-logs-"))
     certs = make_certificates(logs / "pki")
     certificate_user()
@@ -812,7 +798,7 @@ def main(argv: list[str] | None = None) -> int:
         print_setup(report["setup"]["summary"])
         failed |= any(not r["ok"] for r in setup_results)
     report["failed"] = failed
-    if host_info().get("git_commit") != host_at_start.get("git_commit") or worktree() != code_at_start:
+    if host_info().get("git_commit") != host_at_start.get("git_commit") or uncommitted_changes() != code_at_start:
         report["node_code_changed_during_run"] = True
         print("WARNING: the node code changed during the run; rounds before and after ran different code", flush=True)
     path = write_report(args.out, "security", started, report)

@@ -55,7 +55,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import shutil
 import statistics
@@ -71,15 +70,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import psutil
 
 from hastandby.client import ManagementClient
 from hastandby.testing import auth as _auth
 from hastandby.testing import cexamples
-from hastandby.testing.paths import results_dir
+from hastandby.testing.paths import repo, results_dir
 from hastandby.testing.processes import LOOPBACK, Service, free_port, python_env
+from hastandby.testing.provenance import host_info
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = repo()  # the checkout's root: the nodes' and clients' cwd
 DEFAULT_OUT = results_dir()  # every benchmark's default --out/--results: results/ at the checkout's root (ignored)
 
 FIGURES = ("send", "receive", "concurrent")
@@ -543,31 +542,6 @@ def print_table(medians: dict[str, Any], ratios: dict[str, Any], memory: list[di
             )
         else:
             print(f"memory {mem['target']}: *** FAILED *** {mem['error']}")
-
-
-def host_info() -> dict[str, Any]:
-    """What the figures depend on besides the code."""
-    try:
-        git = subprocess.run(
-            ["git", "rev-parse", "--verify", "--quiet", "HEAD"],
-            check=False,
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        commit = git.stdout.strip() if git.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired):
-        commit = None
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpu_count_physical": psutil.cpu_count(logical=False),
-        "memory_total_mb": psutil.virtual_memory().total / 1e6,
-        "load_average": os.getloadavg(),
-        "python": sys.version,
-        "platform": platform.platform(),
-        "git_commit": commit,
-    }
 
 
 def write_json(out: Path, report: dict[str, Any], started: datetime) -> Path:

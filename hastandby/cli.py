@@ -866,18 +866,20 @@ def acl_reload(broker: str) -> None:
 
 
 # -- benchmarks and dashboards ---------------------------------------------------------------
-# The benchmarks are not part of the installed package: they are the repository's benchmarks/ folder.
-# `bench` runs one in this process when `benchmarks` is importable (python -m hastandby from a checkout's
-# root); when this package is a checkout's (pip install -e), as `python -m benchmarks.NAME` with that
+# The benchmarks are not part of the installed package: they are the repository's benchmarks/ folder, and
+# the two test suites with a command line of their own, tests/nemesis/ and tests/fuzz/.  `bench` runs one
+# in this process when its top-level package (`benchmarks`, `tests`) is importable (python -m hastandby from
+# a checkout's root); when this package is a checkout's (pip install -e), as `python -m MODULE` with that
 # checkout on the child's PYTHONPATH; otherwise it says that it needs a checkout.  sys.path is left alone.
 
 _PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []}
 BENCHMARKS = {"throughput": "benchmarks.throughput", "ha-throughput": "benchmarks.ha_throughput",
               "catchup": "benchmarks.catchup", "failover": "benchmarks.failover", "dr-lag": "benchmarks.dr_lag",
-              "nemesis": "benchmarks.nemesis",
+              "nemesis": "tests.nemesis", "fuzz": "tests.fuzz",
               "security": "benchmarks.security", "auth-flood": "benchmarks.auth_flood",
               "overload": "benchmarks.overload", "durable": "benchmarks.durable",
               "journal-cost": "benchmarks.journal_cost"}
+_CHECKOUT_PACKAGES = ("benchmarks", "tests")  # where BENCHMARKS' modules live: a checkout's, never installed
 _CHECKOUT = Path(__file__).resolve().parent.parent  # the repository's root, if this package lies in one
 
 
@@ -890,8 +892,8 @@ def _run_module_main(module: str, argv: list[str]) -> None:
         available = importlib.util.find_spec(top) is not None
     except (ImportError, ValueError):
         available = False
-    if not available and top == "benchmarks":
-        if (_CHECKOUT / "benchmarks" / "__init__.py").is_file() and (_CHECKOUT / "pyproject.toml").is_file():
+    if not available and top in _CHECKOUT_PACKAGES:
+        if (_CHECKOUT / top / "__init__.py").is_file() and (_CHECKOUT / "pyproject.toml").is_file():
             import os
 
             path = os.pathsep.join(filter(None, [str(_CHECKOUT), os.environ.get("PYTHONPATH")]))

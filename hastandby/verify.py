@@ -1,7 +1,7 @@
 """``hastandby verify``: are the ready backups' copies equal to the primary's?
 
 The command an operator runs after an incident, and the replica check of the
-fault suite (``benchmarks/nemesis``).  For every queue of level ``all`` it
+fault suite (``tests/nemesis``).  For every queue of level ``all`` it
 reads, page by page (management ``IDS``), each message's replication id and a
 digest of its bytes, plus the queue's lineage, on the primary and on every
 backup the primary reports ready, and compares:

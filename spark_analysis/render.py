@@ -284,7 +284,7 @@ def _checks_cell(checks: object, mismatched: object) -> object:
 
 def _nemesis(data: DashboardData) -> str:
     intro = (
-        "<p>One row per nemesis round (a schedule of <code>python -m benchmarks.nemesis</code>): "
+        "<p>One row per nemesis round (a schedule of <code>python -m tests.nemesis</code>): "
         "the total-queue checker over the clients' history and the replica comparisons. "
         "<b>Verdict</b>, as the nemesis prints it: <b>ok</b>; <b>INVALID</b>: a message lost "
         "(acknowledged, never received) or unexpected (received, never sent); <b>MISMATCH</b>: "
@@ -300,7 +300,7 @@ def _nemesis(data: DashboardData) -> str:
                      '<a href="#input-problems">Input problems</a>): not shown here.</p>'
                      if rejected else "")
     if not data.nemesis:
-        return ("<p>No nemesis round in these traces (<code>python -m benchmarks.nemesis</code> "
+        return ("<p>No nemesis round in these traces (<code>python -m tests.nemesis</code> "
                 "writes them).</p>" + rejected_note)
     rows = data.nemesis
     counts = _verdict_counts(rows)

@@ -3,7 +3,7 @@
 The failover benchmark writes these traces and ``spark_analysis`` reads them;
 both import the names from here so that a renamed field cannot drift apart on
 the two sides.  ``docs/failover-traces.md`` is the prose description of every
-event, field and unit.  The nemesis (``benchmarks/nemesis``) writes the same
+event, field and unit.  The nemesis (``tests/nemesis``) writes the same
 format with more events; the ones the dashboards read (``nemesis``,
 ``replica_check``, ``checker`` and a few ``round_start`` fields) are named
 here too, in the section "Nemesis traces".
@@ -113,7 +113,7 @@ FAULT_KILL9_ALL = "kill9-all"
 PRODUCER = "producer"
 CONSUMER = "consumer"
 
-# --- Nemesis traces (benchmarks/nemesis; docs/failover-traces.md, "Nemesis traces") --------
+# --- Nemesis traces (tests/nemesis; docs/failover-traces.md, "Nemesis traces") --------
 FAULT_NEMESIS = "nemesis"
 """``round_start``'s ``fault`` of a nemesis round (one schedule of overlapping faults)."""
 ROUND_FAULTS = FAULTS + (FAULT_KILL9_BROKER, FAULT_CUT, FAULT_NEMESIS)

@@ -19,7 +19,7 @@ Precondition (as in Jepsen): the history drains the queue completely, so the
 caller must have consumed everything every node that is up still held.
 
 :func:`compare_replicas` compares one browse of the primary with browses of
-its backups, replication id by replication id (see ``benchmarks/nemesis/replicas.py`` for how
+its backups, replication id by replication id (see ``tests/nemesis/replicas.py`` for how
 the browses are taken and when a difference counts).
 """
 

@@ -4,17 +4,22 @@ Every node requires authentication and knows the test run's users
 (``auth.serve_arguments()``, given before the test's own arguments, so a test
 may override them, e.g. with ``--allow-anonymous``).  ``url`` is the ``app``
 user's URL for python-qpid-proton clients; management requests authenticate as
-``admin`` (the environment conftest exports).
+``admin`` (the environment conftest exports).  ``read_node_log`` reads back
+any node's ``--log-format json`` log, these nodes' or those the benchmarks
+and the nemesis suite start elsewhere.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from hastandby.client import ManagementClient, ManagementError
 
@@ -96,3 +101,24 @@ class NodeProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(5)
+
+
+def read_node_log(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of a node's log (``--log-format json``) with ``_t`` = epoch seconds."""
+    lines: list[dict[str, Any]] = []
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return lines
+    for raw in text.splitlines():
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(line, dict) and "event" in line and "timestamp" in line:
+            try:
+                line["_t"] = datetime.fromisoformat(str(line["timestamp"]).replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+            lines.append(line)
+    return lines

@@ -3,7 +3,7 @@
 One client for every harness that proves nothing acknowledged was lost
 through failovers: the integration tests (in process, on threads), the
 failover benchmark (``benchmarks/failover.py``) and the nemesis suite
-(``benchmarks/nemesis/``), both of which run it as a process of its own
+(``tests/nemesis/``), both of which run it as a process of its own
 (``python -m hastandby.testing.numbered_client``, see ``main``) so that its
 timestamps are not delayed by the harness's other threads.  Every time is
 ``time.time()``: the processes run on one machine, so one wall clock orders

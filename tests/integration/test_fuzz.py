@@ -1,13 +1,13 @@
-"""Fuzzing live nodes (``benchmarks/fuzz``, docs/fuzz.md): a fixed budget per input kind, and what it found.
+"""Fuzzing live nodes (``tests/fuzz``, docs/fuzz.md): a fixed budget per input kind, and what it found.
 
 ``test_fuzz_budget`` runs a small fixed number of seeded cases of every
 input kind against real ``hastandby serve`` processes (authentication
 required; the ``frames`` kind also fuzzes a node with ``--allow-anonymous``),
 and after every case the fuzzer checks that each node still runs, answers a
 management PING and a reference producer and consumer within a bound
-(losing nothing), and logged no unhandled error (``benchmarks/fuzz/node.py``
+(losing nothing), and logged no unhandled error (``tests/fuzz/node.py``
 says exactly which records count).  A failure names the case: replay it with
-``python -m benchmarks.fuzz --kinds KIND --seed 13 --start CASE --cases 1``.
+``python -m tests.fuzz --kinds KIND --seed 13 --start CASE --cases 1``.
 
 The regression tests below are the product bugs the fuzzer found, each as
 a fixed input (explicit frames, properties or message bodies): the node
@@ -28,10 +28,10 @@ import pytest
 from proton import Delivery, Endpoint, Message, symbol, timestamp, ubyte, uint, ulong
 
 from hastandby.testing.auth import users
-from benchmarks.fuzz import amqp, features
-from benchmarks.fuzz import frames as frames_kind
-from benchmarks.fuzz.backup import Backup
-from benchmarks.fuzz.base import (
+from tests.fuzz import amqp, features
+from tests.fuzz import frames as frames_kind
+from tests.fuzz.backup import Backup
+from tests.fuzz.base import (
     FUZZ_QUEUE,
     REFERENCE_QUEUE,
     REPLY_QUEUE,
@@ -39,15 +39,15 @@ from benchmarks.fuzz.base import (
     converse,
     sasl_login,
 )
-from benchmarks.fuzz.checks import admin_request, operations_answered, reference
-from benchmarks.fuzz.dr_replica import DrReplica
-from benchmarks.fuzz.fake import digest, send
-from benchmarks.fuzz.frames import Frames
-from benchmarks.fuzz.mutate import serialise
-from benchmarks.fuzz.node import FuzzNode
-from benchmarks.fuzz.replication import Replication
-from benchmarks.fuzz.runner import fuzz, report
-from benchmarks.fuzz.wire import Engine, Raw
+from tests.fuzz.checks import admin_request, operations_answered, reference
+from tests.fuzz.dr_replica import DrReplica
+from tests.fuzz.fake import digest, send
+from tests.fuzz.frames import Frames
+from tests.fuzz.mutate import serialise
+from tests.fuzz.node import FuzzNode
+from tests.fuzz.replication import Replication
+from tests.fuzz.runner import fuzz, report
+from tests.fuzz.wire import Engine, Raw
 from hastandby.client import ManagementError
 from hastandby.replication.codec import (
     BACKUP_PROPERTY,
@@ -768,7 +768,7 @@ def _hello(backup: Backup) -> dict[str, Any]:
 
 
 def _snapshot() -> dict[str, Any]:
-    from benchmarks.fuzz.backup import queue_spec
+    from tests.fuzz.backup import queue_spec
 
     return {"type": "snapshot", "queues": [queue_spec("fz.b1", "all")], "exchanges": [], "bindings": []}
 

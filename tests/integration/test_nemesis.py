@@ -1,6 +1,6 @@
 """The nemesis suite's fixed schedules against the real thing: etcd and three nodes in network namespaces.
 
-Each test runs one named schedule of ``benchmarks/nemesis/schedule.py`` end
+Each test runs one named schedule of ``tests/nemesis/schedule.py`` end
 to end (fresh namespaces, etcd, nodes and clients; everything stopped by PID
 and the namespaces deleted, also when the schedule fails) and asserts what a
 hot-standby cluster promises: no acknowledged message lost, none conjured,
@@ -23,9 +23,9 @@ import subprocess
 
 import pytest
 
-from benchmarks.nemesis.runner import Settings, run_schedule
-from benchmarks.nemesis.schedule import FIXED, parse_faults, random_schedule
-from benchmarks.nemesis.workload import VIRTUAL_IP_PRODUCER
+from hastandby.testing.netns_workload import VIRTUAL_IP_PRODUCER
+from tests.nemesis.runner import Settings, run_schedule
+from tests.nemesis.schedule import FIXED, parse_faults, random_schedule
 
 pytestmark = [pytest.mark.etcd, pytest.mark.timeout(150)]
 

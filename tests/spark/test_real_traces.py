@@ -2,7 +2,7 @@
 and a short nemesis run (two fixed schedules).
 
 Real etcd, real nodes, real python-qpid-proton clients (benchmarks.failover,
-benchmarks.nemesis), then the Spark job on what they wrote.
+tests.nemesis), then the Spark job on what they wrote.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def test_dashboard_from_a_short_nemesis_run(spark, tmp_path):
     assert os.geteuid() == 0, "the nemesis runs every node in a network namespace: run as root"
     traces, results = tmp_path / "traces", tmp_path / "results"
     bench = subprocess.run(
-        [sys.executable, "-m", "benchmarks.nemesis", "--fixed", ",".join(NEMESIS_SCHEDULES),
+        [sys.executable, "-m", "tests.nemesis", "--fixed", ",".join(NEMESIS_SCHEDULES),
          "--out", str(traces), "--results", str(results)],
         cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
     )

@@ -82,8 +82,8 @@ def test_synthetic_nemesis_lines_follow_the_schema():
 
 
 def test_the_nemesis_writes_the_names_the_analysis_reads():
-    """benchmarks/nemesis spells the extension's names itself: they must stay these."""
-    from benchmarks.nemesis import schedule, trace
+    """tests/nemesis spells the extension's names itself: they must stay these."""
+    from tests.nemesis import schedule, trace
 
     assert (trace.FAULT_NEMESIS, trace.NEMESIS, trace.REPLICA_CHECK, trace.CHECKER) == (
         ts.FAULT_NEMESIS, ts.NEMESIS, ts.REPLICA_CHECK, ts.CHECKER)

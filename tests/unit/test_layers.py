@@ -76,14 +76,9 @@ def test_relative_imports_resolve() -> None:
 ROOT = PACKAGE.parent
 HARNESS = PACKAGE / "testing"
 
-# Test suites that still live under benchmarks/ (the next move takes them under tests/), and the tests that
-# drive them or a benchmark's own logic.  Until then they may import across; nothing else may.
-NEXT_MOVE = ("benchmarks/fuzz/", "benchmarks/nemesis/")
+# The one test of a benchmark's own logic (its command-line parser), which imports that benchmark; nothing else
+# in tests/ imports benchmarks/, and nothing in benchmarks/ imports tests/.
 TESTS_OF_BENCHMARKS = {
-    "tests/integration/test_fuzz.py",  # runs benchmarks/fuzz
-    "tests/integration/test_nemesis.py",  # runs benchmarks/nemesis
-    "tests/unit/test_nemesis_schedule.py",  # benchmarks/nemesis's schedules and executor
-    "tests/spark/test_trace_schema.py",  # the trace names benchmarks/nemesis writes
     "tests/unit/test_failover_cases.py",  # the failover benchmark's own case parser
 }
 
@@ -114,8 +109,7 @@ def test_the_product_never_imports_the_harness() -> None:
 def test_tests_and_benchmarks_meet_only_in_the_harness() -> None:
     tests = [path for path in _python_files(ROOT / "tests")
              if str(path.relative_to(ROOT)) not in TESTS_OF_BENCHMARKS]
-    benchmarks = [path for path in _python_files(ROOT / "benchmarks")
-                  if not str(path.relative_to(ROOT)).startswith(NEXT_MOVE)]
+    benchmarks = _python_files(ROOT / "benchmarks")
     assert _importing(tests, ("benchmarks",)) == []
     assert _importing(benchmarks, ("tests",)) == []
 

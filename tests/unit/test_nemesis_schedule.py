@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.nemesis import schedule as s
+from tests.nemesis import schedule as s
 
 
 def _simulate(ops: tuple[s.Op, ...]) -> list[tuple[float, str, str]]:
@@ -186,7 +186,7 @@ def test_ops_describe_themselves():
 
 
 def test_every_op_kind_has_a_handler():
-    from benchmarks.nemesis.executor import Executor
+    from tests.nemesis.executor import Executor
 
     assert all(hasattr(Executor, f"_op_{kind.replace('-', '_')}") for kind in s.OP_KINDS if kind != s.SLEEP)
     for schedule in [*s.FIXED.values(), *(s.random_schedule(seed) for seed in range(50))]:

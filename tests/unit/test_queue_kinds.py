@@ -460,7 +460,7 @@ def test_a_queue_without_features_is_a_plain_queue():
     ({"x-delivery-limit": 0}, "x-delivery-limit must be a whole number from 1 to 2147483647, got 0"),
     ({"x-delivery-limit": -3}, "x-delivery-limit must be a whole number"),
     ({"x-single-active-consumer": "maybe"}, "x-single-active-consumer must be true or false, got 'maybe'"),
-    # Strings ``str.isdigit`` takes and ``int`` does not (found by the fuzzer, benchmarks/fuzz/features.py):
+    # Strings ``str.isdigit`` takes and ``int`` does not (found by the fuzzer, tests/fuzz/features.py):
     # they raised ValueError out of the management request ("management request failed", a traceback).
     ({"qpid.priorities": "\u00b2"}, "qpid.priorities must be a whole number from 1 to 10, got '\u00b2'"),
     ({"x-delivery-limit": "+-5"}, "x-delivery-limit must be a whole number from 1 to 2147483647, got '\\+-5'"),

@@ -18,11 +18,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hastandby.testing.netns_cluster import Cluster
+from hastandby.testing.netns_workload import History
+from hastandby.testing.nodes import read_node_log
 from spark_analysis import trace_schema as ts
-
-from ..failover import read_node_log
-from .cluster import Cluster
-from .workload import History
 
 FAULT_NEMESIS = "nemesis"  # round_start's `fault` of a nemesis trace
 NEMESIS = "nemesis"  # one op: op, node, target, result, t_end, ...

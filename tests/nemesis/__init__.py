@@ -1,6 +1,6 @@
 """A Jepsen-style generative fault suite ("nemesis") for the hot-standby cluster.
 
-``python -m benchmarks.nemesis --schedules N [--seed S] [--faults ...] [--fixed all] [--out DIR]``
+``python -m tests.nemesis --schedules N [--seed S] [--faults ...] [--fixed all] [--out DIR]``
 (or ``hastandby bench nemesis ...``) runs schedules of overlapping faults
 against etcd and three real nodes in network namespaces, under a workload of
 ordinary proton clients, and checks what came out (``docs/nemesis.md``).
@@ -10,8 +10,8 @@ ordinary proton clients, and checks what came out (``docs/nemesis.md``).
 | ``schedule`` | ops and schedules as data: the seeded generator and the fixed schedules (pure) |
 | ``hastandby.testing.checker`` | the total-queue checker and the replica diff (pure) |
 | ``hastandby.testing.netns`` | ``Network``: namespaces on a bridge; partitions as neighbour entries |
-| ``cluster`` | etcd and the nodes in their namespaces; signals, restarts, promote, status |
-| ``workload`` | the clients process (``hastandby.testing.numbered_client``) in its namespace; the history read back; the final drain |
+| ``hastandby.testing.netns_cluster`` | etcd and the nodes in their namespaces; signals, restarts, promote, status |
+| ``hastandby.testing.netns_workload`` | the clients process (``hastandby.testing.numbered_client``) in its namespace; the history read back; the final drain |
 | ``replicas`` | browsing the replicas and comparing them |
 | ``executor`` | runs ops against the cluster |
 | ``runner`` | one schedule from start to verdict |

@@ -1,4 +1,4 @@
-"""``python -m benchmarks.fuzz --cases N [--kinds K,...] [--seed S]``: fuzz live nodes, print a summary.
+"""``python -m tests.fuzz --cases N [--kinds K,...] [--seed S]``: fuzz live nodes, print a summary.
 
 Every kind starts its own nodes (in a temporary directory, removed at the
 end unless ``--keep``), runs ``--cases`` cases from ``--seed`` (case ``i``
@@ -31,7 +31,7 @@ RESULTS = results_dir()  # results/ at the checkout's root (ignored), or $HASTAN
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.fuzz", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.fuzz", description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=100, help="cases per kind (default 100)")
     parser.add_argument("--kinds", default=",".join(KINDS),
                         help=f"comma-separated, from: {', '.join(KINDS)} (default: all)")

@@ -1,10 +1,10 @@
-"""The harness's side of the workload: the clients process in its namespace, and what it recorded.
+"""A workload of numbered clients in a namespace (``netns_cluster``), and what it recorded.
 
 ``Workload`` starts ``python -m hastandby.testing.numbered_client`` (the numbered
 failover client every harness uses) inside the clients' namespace (so
 partitions can cut the clients off a node), sends it commands and reads its
 status lines.  Every message is durable (the queue is durable and the nodes
-keep journals, ``cluster.py``), so an acknowledged message must survive even
+keep journals, ``netns_cluster.py``), so an acknowledged message must survive even
 a kill -9 of every node (``kill9-all``).  ``History`` reads the JSON-lines
 history back and gives the checker its three multisets.  The final drain
 runs in the harness itself (``drain``), with the same client.
@@ -22,12 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hastandby.testing.numbered_client import HEARTBEAT, HistoryWriter, NumberedReceiver
-from hastandby.testing.numbered_client import drain as drain_queue
-from hastandby.testing.processes import python_env
-
-from ..throughput import REPO_ROOT
-from hastandby.testing.netns import Host
+from .netns import Host
+from .numbered_client import HEARTBEAT, HistoryWriter, NumberedReceiver
+from .numbered_client import drain as drain_queue
+from .paths import repo
+from .processes import python_env
 
 PRODUCER_RATE = 25.0  # messages/s per background producer
 PRODUCERS = ("p1", "p2", "p3")
@@ -62,7 +61,7 @@ class Workload:
                                "--queue", queue, "--history", str(self.history_path), "--window", str(WINDOW),
                                "--credit", str(CREDIT), "--time-limit", "600", *options)
         with open(self.log_path, "ab") as log:
-            self.popen = subprocess.Popen(command, cwd=REPO_ROOT, env={**python_env(), **credentials},
+            self.popen = subprocess.Popen(command, cwd=repo(), env={**python_env(), **credentials},
                                           stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, stderr=log, start_new_session=True)
         self._reader = threading.Thread(target=self._read, name="nemesis-workload-status", daemon=True)

@@ -21,8 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hastandby.testing.checker import ReplicaDiff
-from .cluster import Cluster, ClusterError, NodeExited
 from hastandby.testing.netns import Network
+from hastandby.testing.netns_cluster import Cluster, ClusterError, NodeExited
+from hastandby.testing.netns_workload import Workload
+
 from .replicas import BrowseError, verify_replicas
 from .schedule import (
     CHECK,
@@ -39,7 +41,6 @@ from .schedule import (
     Op,
 )
 from .trace import REPLICA_CHECK, Trace
-from .workload import Workload
 
 OPS_BUDGET = 60.0  # s for all ops of a schedule (the schedules' sleeps add up to at most ~35 s)
 RESOLVE_TIMEOUT = 10.0  # s to wait for a node in the role an op targets

@@ -19,11 +19,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..failover import _worktree
-from ..throughput import DEFAULT_OUT, host_info
+from hastandby.testing.netns_workload import VIRTUAL_IP_PRODUCER
+from hastandby.testing.paths import results_dir
+from hastandby.testing.provenance import host_info, uncommitted_changes
+
 from .runner import Settings, run_schedule
 from .schedule import FAULT_KINDS, FIXED, Schedule, parse_faults, random_schedule
-from .workload import VIRTUAL_IP_PRODUCER
 
 
 def _faults(text: str) -> tuple[str, ...]:
@@ -42,7 +43,7 @@ def _fixed(text: str) -> list[str]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.nemesis",
+    p = argparse.ArgumentParser(prog="python -m tests.nemesis",
                                 description="Jepsen-style fault schedules against a hot-standby cluster: etcd and "
                                             "3 nodes in network namespaces (needs root), ordinary proton clients, "
                                             "a total-queue checker and replica comparisons.")
@@ -56,8 +57,8 @@ def parser() -> argparse.ArgumentParser:
                         "backups), clients (clients cut from the primary); default all")
     p.add_argument("--fixed", type=_fixed, default=[], metavar="NAMES|all",
                    help=f"run these fixed schedules first: {', '.join(FIXED)}")
-    p.add_argument("--out", type=Path, help="trace directory (default benchmarks/results/nemesis-traces-<UTC>/)")
-    p.add_argument("--results", type=Path, default=DEFAULT_OUT, help="where the summary JSON goes")
+    p.add_argument("--out", type=Path, help="trace directory (default results/nemesis-traces-<UTC>/)")
+    p.add_argument("--results", type=Path, default=results_dir(), help="where the summary JSON goes")
     p.add_argument("--keep-logs", action="store_true",
                    help="keep every schedule's node and client logs (default: only those with a problem)")
     p.add_argument("--queue", choices=("plain", "dedup", "both"), default="plain",
@@ -88,17 +89,17 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.now(UTC)
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
     run_id = f"nemesis-{stamp}"
-    out = args.out or DEFAULT_OUT / f"nemesis-traces-{stamp}"
+    out = args.out or results_dir() / f"nemesis-traces-{stamp}"
     kinds = {"plain": [0], "dedup": [args.dedup_window], "both": [0, args.dedup_window]}[args.queue]
     runs = [(schedule, Settings(out=out, keep_logs=args.keep_logs, dedup_window=window))
             for schedule in schedules for window in kinds]
     settings = runs[0][1] if runs else Settings(out=out, keep_logs=args.keep_logs)
-    command = shlex.join([sys.executable, "-m", "benchmarks.nemesis", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join([sys.executable, "-m", "tests.nemesis", *(sys.argv[1:] if argv is None else argv)])
     print(f"nemesis: {len(args.fixed)} fixed + {count} random schedules (seeds {seed}..{seed + count - 1}, "
           f"faults {','.join(args.faults)}; queue {args.queue}"
           + (f", x-dedup-window {args.dedup_window}" if args.queue != "plain" else "")
           + f"); traces in {settings.out}", flush=True)
-    host_at_start, code_at_start = host_info(), _worktree()
+    host_at_start, code_at_start = host_info(), uncommitted_changes()
     results: list[dict[str, Any]] = []
     interrupted = False
     main_thread = threading.current_thread() is threading.main_thread()
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         "traces": str(settings.out),
         "schedules": results,
     }
-    if _worktree() != code_at_start or host_info().get("git_commit") != host_at_start.get("git_commit"):
+    if uncommitted_changes() != code_at_start or host_info().get("git_commit") != host_at_start.get("git_commit"):
         report["node_code_changed_during_run"] = True
         print("WARNING: the node code changed during the run: schedules ran different code", flush=True)
     args.results.mkdir(parents=True, exist_ok=True)

@@ -32,15 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from hastandby.client import ManagementClient, ManagementError
+from hastandby.testing.checker import QueueVerdict, check_total_queue
+from hastandby.testing.netns import Network
+from hastandby.testing.netns_cluster import LEASE_TTL, QUEUE, Cluster
+from hastandby.testing.netns_workload import History, Workload, drain
 from spark_analysis import trace_schema as ts
 
-from hastandby.testing.checker import QueueVerdict, check_total_queue
-from .cluster import LEASE_TTL, QUEUE, Cluster
 from .executor import Executor
-from hastandby.testing.netns import Network
 from .schedule import NODE_IDS, Schedule
 from .trace import CHECKER, Trace, add_client_events, add_cluster_events
-from .workload import History, Workload, drain
 
 HOSTS = (*NODE_IDS, "etcd", "clients")
 

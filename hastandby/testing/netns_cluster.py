@@ -1,17 +1,19 @@
-"""The cluster under test: a real etcd and three ``hastandby serve`` nodes, each in its own namespace.
+"""A cluster in network namespaces: a real etcd and ``hastandby serve`` nodes, each in a namespace of its own.
 
-The nemesis acts on it only from outside, as an operator or a failing
+The nemesis suite (``tests/nemesis``) runs its schedules on it, and the
+client-cut benchmark (``benchmarks/client_cut.py``) its cuts.  Both act on it
+only from outside, as an operator or a failing
 machine would: signals to a node's PID (kill -9, SIGSTOP/SIGCONT, SIGTERM),
 starting a node again, ``hastandby promote``, and partitions of the network
 (``hastandby/testing/netns.py``).  What it knows of the nodes' roles it learns as an
 operator does, from ``STATUS`` (what ``hastandby status`` prints), polled by
-one thread per node (``benchmarks.failover.StatusPoller``).  Nodes require
+one thread per node (``status_poller.StatusPoller``).  Nodes require
 authentication as in production (``hastandby/testing/auth.py``): backups as
 ``peer``, the harness as ``admin``, the clients as ``app``.
 
 Every process started here is stopped by PID in :meth:`Cluster.stop`
 (SIGCONT first for a frozen one, then SIGTERM, SIGKILL after a grace
-period), which the runner calls in a ``finally``.
+period), which its user calls in a ``finally``.
 """
 
 from __future__ import annotations
@@ -27,13 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from hastandby.client import Login, ManagementClient
-from hastandby.testing import auth as _auth
-from hastandby.testing.etcd import EtcdServer
-from hastandby.testing.netns import Host, Network
-from hastandby.testing.processes import Service, python_env
 
-from ..failover import StatusPoller
-from ..throughput import REPO_ROOT
+from . import auth as _auth
+from .etcd import EtcdServer
+from .netns import Host, Network
+from .paths import repo
+from .processes import Service, python_env
+from .status_poller import StatusPoller
 
 NODE_PORT = 5672  # every node has a namespace, hence an address, of its own
 VIRTUAL_IP_HOST = 100  # a virtual IP is 10.78.N.100 (hosts are .10 and up)
@@ -104,7 +106,7 @@ class Node:
         return self.service.pid if self.service is not None else None
 
     def start(self) -> None:
-        self.service = Service(self.node_id, self.argv, self.log_path, cwd=REPO_ROOT, env=python_env())
+        self.service = Service(self.node_id, self.argv, self.log_path, cwd=repo(), env=python_env())
         self.down = False
 
     def signal(self, signum: int) -> None:
@@ -340,7 +342,7 @@ class Cluster:
         command = [sys.executable, "-m", "hastandby", "promote", "-b", self.nodes[node_id].address]
         try:
             env = {**python_env(), **self.users.client_environment(_auth.ADMIN)}
-            done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+            done = subprocess.run(command, cwd=repo(), env=env, capture_output=True, text=True,
                                   timeout=PROMOTE_TIMEOUT, check=False)
         except subprocess.TimeoutExpired:
             return -1, f"no answer within {PROMOTE_TIMEOUT:g} s"

@@ -1,7 +1,0 @@
-"""``python -m benchmarks.nemesis``: see ``benchmarks/nemesis/command.py``."""
-
-import sys
-
-from . import main
-
-sys.exit(main())
