@@ -45,10 +45,14 @@ def hastandby(*args: str, env: dict[str, str] | None = None, timeout: float = 90
 
 
 def ports() -> list[str]:
+    """Free ports for three nodes and etcd (its client port and the peer port after it, as ``cluster up`` uses)."""
     base = free_port()
     while not all(port_free(base + i) for i in range(3)):
         base = free_port()
-    return ["--base-port", str(base), "--etcd-port", str(free_port())]
+    etcd = free_port()
+    while not port_free(etcd + 1) or etcd in range(base - 1, base + 3):
+        etcd = free_port()
+    return ["--base-port", str(base), "--etcd-port", str(etcd)]
 
 
 def nodes(output: str) -> dict[str, dict[str, str | None]]:
