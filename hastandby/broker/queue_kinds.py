@@ -193,30 +193,11 @@ class PriorityQueue(Queue):
                     return
                 at += 1
                 heads[level] = at
-                if self._expires and self._expired(msg_id):
-                    self._remove(where, "expired")
-                    self.stats["expired"] += 1
-                    continue
-                acquired[msg_id] = consumer
-                for observer in self._acquisition_observers:
-                    observer.acquired(self, msg_id)
-                payload = self._data[where]
-                assert payload is not None  # checked above
-                consumer.deliver(self, msg_id, payload, self._delivery_counts.get(msg_id, 0))
+                self._hand_over(consumer, msg_id, where)
             heads[level] = at
             if at > INDEX_COMPACT_MIN and at * 2 > len(ids):  # consumed in order: cut the prefix
                 levels[level] = ids[at:]
                 heads[level] = 0
-
-    def _next_consumer(self, consumers: list[Consumer]) -> Consumer | None:
-        """The next of ``consumers`` with credit, in turn."""
-        count = len(consumers)
-        for step in range(count):
-            consumer = consumers[(self._rr + step) % count]
-            if consumer.credit > 0:
-                self._rr = (self._rr + step + 1) % count
-                return consumer
-        return None
 
     def _dispatch_browser(self, browser: Consumer) -> None:
         if browser.sees_acquired:  # a replicating browser: every message, in id order
@@ -564,12 +545,9 @@ class MessageGroupQueue(Queue):
                     index += 1
                     continue
             else:
-                count = len(consumers)
-                for step in range(count):
-                    consumer = consumers[(self._rr + step) % count]
-                    if consumer.credit > 0:
-                        self._rr = (self._rr + step + 1) % count
-                        break
+                found = self._next_consumer(consumers)
+                assert found is not None  # ``ready`` holds one with credit
+                consumer = found
             if self._expires and self._expired(msg_id):
                 self._remove(index, "expired")
                 self.stats["expired"] += 1

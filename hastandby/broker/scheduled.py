@@ -185,29 +185,15 @@ class SchedulingQueue(Queue):
             if msg_id not in waiting:  # gone since (expired, purged, a replicated dequeue)
                 heapq.heappop(due)
                 continue
-            count = len(consumers)
-            for step in range(count):
-                consumer = consumers[(self._rr + step) % count]
-                if consumer.credit > 0:
-                    self._rr = (self._rr + step + 1) % count
-                    break
-            else:
+            consumer = self._next_consumer(consumers)
+            if consumer is None:
                 return
             heapq.heappop(due)
             waiting.discard(msg_id)
             index = self._index(msg_id)
             if index is None or msg_id in acquired:
                 continue
-            if self._expires and self._expired(msg_id):
-                self._remove(index, "expired")
-                self.stats["expired"] += 1
-                continue
-            acquired[msg_id] = consumer
-            for observer in self._acquisition_observers:
-                observer.acquired(self, msg_id)
-            payload = self._data[index]
-            assert payload is not None  # _index finds only messages still here
-            consumer.deliver(self, msg_id, payload, self._delivery_counts.get(msg_id, 0))
+            self._hand_over(consumer, msg_id, index)
 
     def _ripen(self) -> None:
         """Held messages whose time has come are due: no longer held, first in line for consumers."""
