@@ -484,7 +484,7 @@ class Registry:
             if when > sections.MAX_DELIVERY_TIME:
                 raise sections.BadSchedule(f"message annotation {sections.DELIVERY_DELAY} of {delay} ms ends past "
                                            "the latest delivery time a node keeps")
-            data = sections.with_annotations(data, {sections.DELIVERY_TIME: when})
+            data = sections.with_due_time(data, when)
             if sections.due_time(data) != when:
                 raise sections.BadSchedule("the message's annotations could not be given its delivery time")
         if when <= now:

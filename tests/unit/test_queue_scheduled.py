@@ -385,3 +385,24 @@ def test_the_hot_path_check_reads_past_no_header_and_delivery_annotations():
     delivery_annotations = b"\x00\x53\x71\xc1\x01\x00"  # an empty map8
     assert sections.may_be_scheduled(empty_header + delivery_annotations + without_header[0])
     assert not sections.may_be_scheduled(empty_header + delivery_annotations + without_header[1])
+
+
+@pytest.mark.parametrize("annotations", [{"x-opt-delivery-delay": 10}, {"a": "b" * 300, "x-opt-delivery-delay": 7},
+                                         {"x-opt-delivery-delay": 10, "z": [1, 2]}], ids=["map32", "long", "list"])
+@pytest.mark.parametrize("fields", [{}, {"durable": True, "priority": 6}], ids=["plain", "header"])
+def test_the_due_time_is_appended_as_with_annotations_would_write_it(annotations, fields):
+    data = message("x" * 50, annotations, **fields)
+    when = 1_795_714_610_596
+    added = sections.with_due_time(data, when)
+    assert added == sections.with_annotations(data, {sections.DELIVERY_TIME: when})
+    assert sections.due_time(bytes(bytearray(added))) == when and body(added) == "x" * 50  # a copy: decoded
+
+
+def test_the_due_time_is_appended_to_a_map8():
+    data = message("x", {"x-opt-delivery-delay": 10})
+    start = data.index(b"\x00\x53\x72")
+    size, count = int.from_bytes(data[start + 4:start + 8], "big"), int.from_bytes(data[start + 8:start + 12], "big")
+    map8 = data[:start + 3] + bytes((0xC1, size - 3, count)) + data[start + 12:start + 8 + size] + data[start + 8 + size:]
+    assert sections.schedule_request(map8) == (None, 10)
+    added = sections.with_due_time(map8, 42)
+    assert added[start + 3] == 0xC1 and sections.due_time(bytes(bytearray(added))) == 42 and body(added) == "x"
