@@ -354,8 +354,15 @@ def test_durable_priorities_counts_and_single_consumer_survive_a_restart(node_fa
     messages = prioritized(durable=True)
     send(node.address, "work", messages)
     expected = queue_order(messages)
+
+    def written() -> int:
+        return node.request("STATUS")["journal"]["bytes_written"]
+
     for _ in range(2):
+        before = written()
         fail_once(node.address, "work")
+        # A failed delivery's count is written after the fact (nobody waits for it): kill -9 only once it is.
+        wait_for(lambda: written() > before, 10, "the delivery count in the journal")
     port = node.port
     node.kill()
     restarted = node_factory("--data-dir", data, port=port)
