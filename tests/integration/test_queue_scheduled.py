@@ -18,6 +18,7 @@ import pytest
 from proton import Delivery, Message, Timeout, symbol
 
 from tests.integration.test_queue_features import Taker, describe, hastandby, take_all
+from hastandby.testing import auth, cexamples
 from hastandby.testing.clients import connect, send
 from hastandby.testing.waiting import wait_for
 
@@ -209,3 +210,19 @@ def test_a_dr_replica_holds_a_scheduled_message_until_the_sources_time(node_fact
     wait_for(lambda: describe(replica.address, "later")["depth"] == 2, 20, "the replica to hold both")
     assert describe(replica.address, "later")["scheduled"] == 1
     assert [m.body for m in take_all(source.address, "later", 1)] == ["now"]  # the source gives out what is due
+
+
+def test_the_proton_c_sender_s_delays_hold_its_messages_too(node):
+    """A second client library: the proton C ``send-bench`` (hastandby.testing.cexamples) puts
+    ``x-opt-delivery-delay`` on every message; the C ``receive-bench`` gets none before the delay is over."""
+    hastandby("add", "queue", "c-later", "-b", node.address)
+    environment = {**auth.client_environment(), "HASTANDBY_DELAY_MS": "1500", "HASTANDBY_DELAYED_PERCENT": "100"}
+    start = time.monotonic()
+    sent = cexamples.run_send("127.0.0.1", node.port, "c-later", 200, env=environment)
+    assert cexamples.sent_count(sent) == 200, sent.stdout + sent.stderr
+    described = describe(node.address, "c-later")
+    assert (described["depth"], described["scheduled"]) == (200, 200), described
+    received = cexamples.run_receive("127.0.0.1", node.port, "c-later", 200, env=auth.client_environment())
+    assert cexamples.received_count(received) == 200, received.stdout + received.stderr
+    assert time.monotonic() - start >= 1.5, "received before the delay was over"
+    assert describe(node.address, "c-later")["depth"] == 0
