@@ -31,7 +31,7 @@ from .completion import Completion
 from .errors import ResourceLimitExceeded
 from .idset import IdSet
 from .lineage import Lineage
-from .sections import SCHEDULE_MARK, may_be_scheduled
+from .sections import NO_SCHEDULE_PREFIXES, SCHEDULE_MARK, may_be_scheduled
 
 Scheduler = Callable[[float, Callable[[], None]], Any]
 
@@ -218,7 +218,7 @@ class Queue:
             self.next_id = msg_id + 1
         if self.settings.policy == "ring" and not replica:
             self._make_room(len(data))
-        elif replica and self._keeper is None and may_be_scheduled(data):
+        elif replica and self._keeper is None and not data.startswith(NO_SCHEDULE_PREFIXES) and may_be_scheduled(data):
             self.start_scheduling(data)  # a replica's message with a time to come: held here too (scheduled.py)
         ids = self._ids
         if not ids or msg_id > ids[-1]:
