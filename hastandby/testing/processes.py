@@ -9,6 +9,7 @@ by PID, also when a run fails; :class:`Service` bundles that.  The tests'
 
 from __future__ import annotations
 
+import collections
 import os
 import socket
 import subprocess
@@ -27,12 +28,30 @@ LOOPBACK = "127.0.0.1"
 def free_port(host: str = LOOPBACK) -> int:
     """Return a TCP port that was free a moment ago (bind to port 0, then release).
 
-    Another process may take it before the caller binds; callers that start a
-    server on it should treat a failed start as worth one retry.
+    The kernel may hand the same port to two binds in a row once the first is
+    released, so a cluster asking for three ports could get one twice; ports
+    already returned to this process are skipped.  Another process may still
+    take a port before the caller binds; callers that start a server on it
+    should treat a failed start as worth one retry.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port not in _handed_out:
+            break
+    _handed_out.add(port)
+    _handed_out_order.append(port)
+    if len(_handed_out_order) > _HANDED_OUT_KEPT:
+        _handed_out.discard(_handed_out_order.popleft())
+    return port
+
+
+# Ports free_port returned lately; the oldest are forgotten so a long session
+# cannot exhaust the ephemeral range.
+_HANDED_OUT_KEPT = 4096
+_handed_out: set[int] = set()
+_handed_out_order: collections.deque[int] = collections.deque()
 
 
 class Service:
