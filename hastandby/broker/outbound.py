@@ -73,7 +73,12 @@ class Outbound:
     def redirect(self) -> None:
         """The target changed (etcd named a new primary): drop the current attempt or
         connection at once, without waiting for a frozen peer's heartbeat, and try
-        the new address now."""
+        the new address now.
+
+        The next attempt is scheduled, never made inline: the caller names the new
+        address after this returns (``HaNode.follow``), and an attempt made now
+        would go to the old one, a frozen peer that holds it for the handshake bound.
+        """
         if self._stopped:
             return
         if self._timer is not None:
@@ -86,7 +91,7 @@ class Outbound:
             transport.close_tail()
             transport.close_head()  # -> transport closed -> _lost -> an immediate retry
         else:
-            self._attempt()
+            self._timer = self.driver.schedule(0.0, self._attempt)
 
     def _attempt(self) -> None:
         self._timer = None
