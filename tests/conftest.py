@@ -38,6 +38,8 @@ def node_factory(tmp_path) -> Iterator[Callable[..., NodeProcess]]:
 
     yield start
     for node in started:
+        node.terminate()
+    for node in started:
         node.stop()
 
 

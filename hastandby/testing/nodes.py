@@ -82,13 +82,18 @@ class NodeProcess:
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signum)
 
+    def terminate(self) -> None:
+        """Ask the node to stop (SIGCONT, for a frozen one, then SIGTERM) without waiting for it."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            os.kill(self.proc.pid, signal.SIGTERM)
+
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM, wait, SIGKILL if needed; returns the exit code."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)
-            os.kill(self.proc.pid, signal.SIGTERM)
+            self.terminate()
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
