@@ -150,7 +150,8 @@ def test_replication_over_a_delayed_link_between_namespaces(wan, tmp_path):
     for queue in ("qf", "qe"):
         assert wan.python("a", "-c", SEND, auth.url(source), queue, queue, "200", "300").returncode == 0
     cli(wan, "a", "purge", "qf", "-b", source)  # full mode must mirror this
-    wait_replica_state(wan, replica, "qe", "connecting")
+    for queue in ("qf", "qe"):  # each replication has its own connection, which notices the cut on its own
+        wait_replica_state(wan, replica, queue, "connecting")
     assert browse(wan, "b", replica, "qe") == [f"qe{i}" for i in range(200)]
 
     wan.set_link(True)
