@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -105,6 +106,7 @@ class Tree:
     authenticated: bool = True
     baseline: bool = False
     journal: bool = False  # every node with a --data-dir, the queues durable (the messages stay non-durable)
+    serve_options: frozenset[str] = frozenset()  # a baseline's ``serve`` options (empty: any); others are left out
 
     def env(self) -> dict[str, str]:
         env = python_env()  # the tree's own package before the venv's editable install of /work/main's
@@ -112,8 +114,22 @@ class Tree:
         return env
 
     def serve_argv(self) -> list[str]:
-        return [sys.executable, "-m", "hastandby", "serve", "--log-format", "json",
-                *(_auth.users().serve_arguments() if self.authenticated else [])]
+        users = _auth.users().serve_arguments() if self.authenticated else []
+        return [sys.executable, "-m", "hastandby", "serve", "--log-format", "json", *self._known(users)]
+
+    def _known(self, arguments: list[str]) -> list[str]:
+        """``arguments`` without the options an older tree's ``serve`` lacks (and their values), so that
+        e.g. 729c9d5, which has ``--users-file`` but not ``--no-allow-anonymous``, can be measured."""
+        if not self.serve_options:
+            return arguments
+        kept: list[str] = []
+        skipping = False
+        for argument in arguments:
+            if argument.startswith("--"):
+                skipping = argument not in self.serve_options
+            if not skipping:
+                kept.append(argument)
+        return kept
 
     def login(self) -> Login:
         """Management: as ``admin``, or anonymously (an explicit empty Login, not the caller's environment)."""
@@ -158,8 +174,8 @@ def baseline_tree(root: Path) -> Tree:
                                capture_output=True, text=True, check=False, timeout=60).stdout
     if "--listen" not in help_text:
         raise SystemExit(f"--baseline-tree {root}: 'python -m hastandby serve --help' failed there")
-    if "--users-file" in help_text:
-        tree = Tree("baseline", root, authenticated=True, baseline=True)
+    options = frozenset(re.findall(r"--[a-z][a-z0-9-]*", help_text))
+    tree = Tree("baseline", root, authenticated="--users-file" in options, baseline=True, serve_options=options)
     imported = tree.describe()["hastandby_imported_from"]
     if not imported.startswith(str(root)):
         raise SystemExit(f"--baseline-tree {root}: nodes would import hastandby from {imported}, not the tree")

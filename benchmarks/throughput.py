@@ -150,16 +150,18 @@ REFERENCE = TARGETS[0]
 
 def baseline_target(root: Path) -> Target:
     """hastandby from an older tree (``--baseline-tree``): ``python -m hastandby`` run in it, so it imports
-    the tree's package first (checked), with the same users and options."""
-    root = root.resolve()
-    env = python_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [env.get("PYTHONPATH")])])  # keep the site
-    found = subprocess.run([sys.executable, "-c", "import hastandby; print(hastandby.__file__)"], cwd=root, env=env,
-                           capture_output=True, text=True, timeout=30)
-    if found.returncode != 0 or not Path(found.stdout.strip()).resolve().is_relative_to(root):
-        raise SystemExit(f"--baseline-tree {root}: nodes would not import hastandby from it "
-                         f"({found.stdout.strip() or found.stderr.strip()[-300:]})")
-    return Target("baseline", f"hastandby at {root}", _hastandby_argv, cwd=root, env=env, authenticated=True)
+    the tree's package first (checked by ``ha_throughput.baseline_tree``), with the same users and those of
+    our options its ``serve`` knows."""
+    from .ha_throughput import baseline_tree  # here: ha_throughput imports this module
+
+    tree = baseline_tree(root)
+    serve = tree.serve_argv()
+
+    def argv(host: str, port: str) -> list[str]:
+        return [*serve, "--listen", f"{host}:{port}"]
+
+    return Target("baseline", f"hastandby at {tree.root}", argv, cwd=tree.root, env=tree.env(),
+                  authenticated=tree.authenticated)
 
 
 QUEUE_KINDS: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
