@@ -153,8 +153,10 @@ class Tree:
         imported = subprocess.run([sys.executable, "-c", "import hastandby; print(hastandby.__file__)"],
                                   cwd=self.root, env=self.env(), capture_output=True, text=True, check=False,
                                   timeout=60).stdout.strip()
-        return {"name": self.name, "root": str(self.root), "commit": git("rev-parse", "HEAD"),
-                "uncommitted_node_changes": git("status", "--porcelain", "--", "hastandby").splitlines(),
+        # A tree unpacked under build/ of this checkout is no repository of its own: git would name ours.
+        own = Path(git("rev-parse", "--show-toplevel") or "/").resolve() == self.root.resolve()
+        return {"name": self.name, "root": str(self.root), "commit": git("rev-parse", "HEAD") if own else None,
+                "uncommitted_node_changes": git("status", "--porcelain", "--", "hastandby").splitlines() if own else None,
                 "hastandby_imported_from": imported, "authentication": self.authenticated,
                 "journal": self.journal,
                 "serve_arguments": [a if not a.startswith(("/", "--users-file=")) else "<run's file>"
