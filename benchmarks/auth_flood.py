@@ -66,7 +66,8 @@ from hastandby.testing.flood_clients import KINDS
 from hastandby.testing.processes import LOOPBACK, Service, free_port, python_env
 from hastandby.testing.provenance import host_info
 
-from .ha_throughput import CURRENT, Tree, _request, _wait_answering, baseline_tree
+from .ha_throughput import _request, _wait_answering
+from .trees import CURRENT, Tree, baseline_tree
 from .security import fmt, interrupt_on_sigterm, median_or_none, ratio, write_report
 from .throughput import DEFAULT_OUT, REPO_ROOT
 

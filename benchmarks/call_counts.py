@@ -33,7 +33,8 @@ from typing import Any
 from hastandby.testing import cexamples
 from hastandby.testing.processes import LOOPBACK, Service, free_port
 
-from .ha_throughput import CURRENT, Tree, _request, _wait_answering, baseline_tree
+from .ha_throughput import _request, _wait_answering
+from .trees import CURRENT, Tree, baseline_tree
 
 
 def _profile_round(tree: Tree, messages: int, queue_args: dict[str, Any] | None, scratch: Path,

@@ -78,6 +78,8 @@ from hastandby.testing.paths import repo, results_dir
 from hastandby.testing.processes import LOOPBACK, Service, free_port, python_env
 from hastandby.testing.provenance import host_info
 
+from .trees import baseline_tree
+
 REPO_ROOT = repo()  # the checkout's root: the nodes' and clients' cwd
 DEFAULT_OUT = results_dir()  # every benchmark's default --out/--results: results/ at the checkout's root (ignored)
 
@@ -150,10 +152,8 @@ REFERENCE = TARGETS[0]
 
 def baseline_target(root: Path) -> Target:
     """hastandby from an older tree (``--baseline-tree``): ``python -m hastandby`` run in it, so it imports
-    the tree's package first (checked by ``ha_throughput.baseline_tree``), with the same users and those of
+    the tree's package first (checked by ``trees.baseline_tree``), with the same users and those of
     our options its ``serve`` knows."""
-    from .ha_throughput import baseline_tree  # here: ha_throughput imports this module
-
     tree = baseline_tree(root)
     serve = tree.serve_argv()
 
