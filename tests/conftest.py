@@ -14,7 +14,7 @@ import pytest
 from hastandby.testing import auth
 from hastandby.testing.etcd import EtcdServer
 from hastandby.testing.etcd_ha import TTL, EtcdHa
-from hastandby.testing.nodes import NodeProcess
+from hastandby.testing.nodes import NodeProcess, stop_together
 
 if TYPE_CHECKING:
     from hastandby.testing.cluster import HaCluster
@@ -37,10 +37,7 @@ def node_factory(tmp_path) -> Iterator[Callable[..., NodeProcess]]:
         return node.start(wait=wait)
 
     yield start
-    for node in started:
-        node.terminate()
-    for node in started:
-        node.stop()
+    stop_together(started)
 
 
 @pytest.fixture

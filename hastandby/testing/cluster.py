@@ -15,7 +15,7 @@ from typing import Any
 from hastandby.client import ManagementClient, ManagementError
 
 from . import auth
-from .nodes import NodeProcess, free_port
+from .nodes import NodeProcess, free_port, stop_together
 
 
 class NodeGroup:
@@ -51,11 +51,7 @@ class NodeGroup:
         return node
 
     def stop(self) -> None:
-        """Stop every process: all are asked at once, so their shutdown grace periods overlap."""
-        for node in self.nodes + self.retired:
-            node.terminate()
-        for node in self.nodes + self.retired:
-            node.stop()
+        stop_together(self.nodes + self.retired)
 
     # -- asking the nodes ---------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from hastandby.client import ManagementClient, ManagementError
 
@@ -106,6 +106,15 @@ class NodeProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(5)
+
+
+def stop_together(nodes: Iterable[NodeProcess]) -> None:
+    """Stop every node, all asked at once, so that their shutdown grace periods overlap."""
+    nodes = list(nodes)
+    for node in nodes:
+        node.terminate()
+    for node in nodes:
+        node.stop()
 
 
 def read_node_log(path: Path) -> list[dict[str, Any]]:

@@ -9,7 +9,6 @@ by PID, also when a run fails; :class:`Service` bundles that.  The tests'
 
 from __future__ import annotations
 
-import collections
 import os
 import socket
 import subprocess
@@ -40,18 +39,14 @@ def free_port(host: str = LOOPBACK) -> int:
             port = int(sock.getsockname()[1])
         if port not in _handed_out:
             break
-    _handed_out.add(port)
-    _handed_out_order.append(port)
-    if len(_handed_out_order) > _HANDED_OUT_KEPT:
-        _handed_out.discard(_handed_out_order.popleft())
+    _handed_out[port] = None
+    if len(_handed_out) > _HANDED_OUT_KEPT:
+        del _handed_out[next(iter(_handed_out))]  # the oldest: a long session cannot exhaust the range
     return port
 
 
-# Ports free_port returned lately; the oldest are forgotten so a long session
-# cannot exhaust the ephemeral range.
 _HANDED_OUT_KEPT = 4096
-_handed_out: set[int] = set()
-_handed_out_order: collections.deque[int] = collections.deque()
+_handed_out: dict[int, None] = {}  # ports free_port returned lately, oldest first
 
 
 class Service:
