@@ -50,7 +50,8 @@ class Backlog:
 
     def settled(self, size: int) -> None:
         self.unsettled -= size
-        self._resume_if_under()
+        if self.paused:  # asked here, not only inside: a consumer settles every message
+            self._resume_if_under()
 
     def written(self, unwritten: int) -> None:
         """The socket took what it could; ``unwritten`` bytes remain."""

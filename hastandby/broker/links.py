@@ -182,7 +182,7 @@ class OutgoingLink:
         self.sees_acquired = False
         self.presettled = link.snd_settle_mode == Link.SND_SETTLED
         self.credit = 0
-        self.unsettled: dict[int, int] = {}  # message id -> its bytes
+        self.unsettled: dict[bytes, int] = {}  # delivery tag (the message id in digits) -> its bytes
         self.closed = False
         self.backlog = backlog or Backlog()
         self.paused = False  # the connection's backlog is over its limit: no credit until it is written
@@ -194,16 +194,18 @@ class OutgoingLink:
         impl = self._impl
         if delivery_count:
             data = sections.with_delivery_count(data, delivery_count)
-        delivery = send_payload(impl, b"%d" % msg_id, data)
+        tag = b"%d" % msg_id
+        delivery = send_payload(impl, tag, data)
         self.credit -= 1
         settled = self.presettled or self.browsing
+        size = len(data)
         if self.presettled:
             lib.pn_delivery_settle(delivery)
             if not self.browsing:
                 queue.acknowledge(msg_id)
         elif not self.browsing:
-            self.unsettled[msg_id] = len(data)
-        if self.backlog.sent(len(data), settled) and not self.paused:
+            self.unsettled[tag] = size
+        if self.backlog.sent(size, settled) and not self.paused:
             self.paused = True
             self.credit = 0
             self.backlog.paused.append(self)
@@ -246,14 +248,13 @@ class OutgoingLink:
             return
         if state not in _OUTCOMES and not settled:
             return  # no outcome yet (e.g. a 'received' state)
-        tag = delivery_tag(delivery)
+        raw = pn_delivery_tag(delivery)  # ``delivery_tag`` inlined: a consumer settles every message
+        tag = _unpack(raw.start, raw.size) if raw.size else b""
         lib.pn_delivery_settle(delivery)
-        if not tag.isdigit():
-            return  # not one of ours: a peer's transfer on our sending link (a protocol error), ignored
-        msg_id = int(tag)
-        size = self.unsettled.pop(msg_id, None)
+        size = self.unsettled.pop(tag, None)
         if size is None:
-            return
+            return  # not one of ours (a peer's transfer on our sending link: a protocol error), or settled already
+        msg_id = int(tag)
         self.backlog.settled(size)
         queue = self.queue
         if state == PN_ACCEPTED or state not in _OUTCOMES:
@@ -277,7 +278,7 @@ class OutgoingLink:
         self.closed = True
         queue = self.queue
         queue.remove_consumer(self)
-        for msg_id in sorted(self.unsettled):
+        for msg_id in sorted(map(int, self.unsettled)):
             queue.release(msg_id, delivery_failed=True)
         self.backlog.settled(sum(self.unsettled.values()))
         self.unsettled.clear()
@@ -308,6 +309,7 @@ class IncomingLink:
         self.may_publish = may_publish  # the anonymous relay's check of each message's address
         self._impl = link._impl
         self.node = node  # None: anonymous relay, route on each message's 'to'
+        self._queues = [node] if isinstance(node, Queue) else None  # a queue's route, the same for every message
         self.registry = registry
         self.max_message_size = max_message_size
         self.window = window
@@ -330,8 +332,18 @@ class IncomingLink:
     def on_delivery(self, delivery: Any) -> None:
         """Every complete delivery from the link's current one on, whichever ``delivery`` the event names
         (``take_deliveries``)."""
-        if not self.closed:
-            take_deliveries(self._impl, self._take)
+        if self.closed:
+            return
+        # ``take_deliveries`` inlined: a producer's link takes every message this way.
+        impl, take = self._impl, self._take
+        current = pn_link_current(impl)
+        while current:
+            if take(current):
+                return
+            following = pn_link_current(impl)
+            if following == current:
+                return
+            current = following
 
     def _take(self, delivery: Any) -> bool:
         """One delivery, the link's current: taken (the link moves on), or left while partial or fenced.
@@ -377,11 +389,18 @@ class IncomingLink:
         except BrokerError as error:
             _reject(delivery, error)
             return self.closed
-        completion.release()
+        if completion.finish_unless_held() and not self.closed:
+            # Nobody held it (no guard, no journal): accepted now, ``_accept`` without its fence
+            # check, which this transfer passed above, in this same call.
+            pn_delivery_update(delivery, PN_ACCEPTED)
+            pn_delivery_settle(delivery)
         return self.closed
 
     def _route(self, data: bytes, completion: Completion | None) -> None:
         registry = self.registry
+        if self._queues is not None:
+            registry.deliver(self._queues, data, completion)
+            return
         node = self.node
         if node is None:
             address = sections.to_address(data)

@@ -115,6 +115,9 @@ class Queue:
     def __init__(self, name: str, settings: QueueSettings, object_uuid: str | None = None) -> None:
         self.name = name
         self.settings = settings
+        # Asked of every message before ``check_capacity``, which it spares the queues with no limit to refuse by.
+        self.refuses_when_full = settings.policy == "reject" and (
+            settings.max_count is not None or settings.max_size is not None)
         self.uuid = object_uuid or str(uuidlib.uuid4())
         self.observers: list[QueueObserver] = []
         self._acquisition_observers: list[QueueObserver] = []  # those called for acquired/released too
@@ -508,7 +511,9 @@ class Queue:
     def acknowledge(self, msg_id: int) -> None:
         """The consumer accepted an acquired message: it leaves the queue."""
         self._acquired.pop(msg_id, None)
-        self.dequeue(msg_id, "consumed")
+        index = self._index(msg_id)  # ``dequeue`` inlined: a consumer acknowledges every message
+        if index is not None:
+            self._remove(index, "consumed")
 
     def acknowledge_many(self, ids: Sequence[int]) -> None:
         """``acknowledge`` for ascending ``ids`` (acquired, or browsed by a DR tap's link):

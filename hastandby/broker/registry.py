@@ -459,8 +459,10 @@ class Registry:
                 reason = self.read_only.get(queue.name)
                 if reason:
                     raise NotAllowed(reason)
+        size = len(data)
         for queue in queues:
-            queue.check_capacity(len(data))
+            if queue.refuses_when_full:
+                queue.check_capacity(size)
         for check in self.admission_checks:
             check(queues, data)
         ttl = sections.header_ttl(data)

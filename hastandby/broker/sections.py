@@ -87,9 +87,14 @@ def _section_value(buf: bytes, code: int) -> list | None:
 
 
 def header_ttl(buf: bytes) -> int | None:
-    """The header's ``ttl`` in milliseconds, or None; cheap when there is no header."""
-    if len(buf) > 5 and buf[3] == 0xC0 and buf[5] < 3 and buf.startswith(HEADER_PREFIX):
-        return None  # a list8 of fewer than three fields: no ttl
+    """The header's ``ttl`` in milliseconds, or None; cheap when there is no header, and when the header is
+    proton's usual one with no ttl (an empty list, or a list8 of fewer than three fields)."""
+    if not buf.startswith(HEADER_PREFIX):
+        return None
+    if len(buf) > 5:
+        kind = buf[3]
+        if kind == _EMPTY_LIST or (kind == 0xC0 and buf[5] < 3):
+            return None
     return header_durable_ttl(buf)[1]
 
 

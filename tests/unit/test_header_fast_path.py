@@ -62,3 +62,4 @@ def test_an_empty_header_list_is_answered_without_the_decoder(monkeypatch):
 
     monkeypatch.setattr(sections, "header_durable_ttl", no_decoder)
     assert sections.header_durable(buf) is False
+    assert sections.header_ttl(buf) is None
