@@ -21,8 +21,23 @@ from . import auth
 TOPIC_FILTER = symbol("apache.org:legacy-amqp-topic-binding:string")
 
 
+class TestConnection(BlockingConnection):
+    """python-qpid-proton's ``BlockingConnection``, whose ``close`` ends when the socket does.
+
+    proton's ``close`` waits for the peer's close frame and notes a lost socket
+    only while not closing, so closing a connection to a node the test killed
+    waited out the whole connection timeout, once per connection (20 s of one
+    test's 27).  Here a socket lost while closing ends the wait at once.
+    """
+
+    def on_transport_closed(self, event: Any) -> None:
+        super().on_transport_closed(event)
+        if self.closing and not self.disconnected:
+            self.disconnected = event.transport.condition or "the socket closed while closing"
+
+
 def connect(address: str, user: str = auth.APP, **kwargs: Any) -> BlockingConnection:
-    return BlockingConnection(auth.url(address, user), timeout=10, **kwargs)
+    return TestConnection(auth.url(address, user), timeout=10, **kwargs)
 
 
 def send(address: str, queue: str, messages: list[Message] | int, **kwargs: Any) -> list[Any]:
