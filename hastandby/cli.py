@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from .broker.registry import LEVELS
+from .broker.vocabulary import LEVELS
 from .client import Login, ManagementClient, ManagementError, read_password, redirected
 from .connect_timeout import CONNECT_TIMEOUT
 from .logs import FORMATS

@@ -27,9 +27,9 @@ from urllib.parse import unquote, urlsplit
 from proton import ConnectionException, Message, ProtonException, SSLDomain, Timeout
 from proton.utils import BlockingConnection, SyncRequestResponse
 
-from .broker.management import ADDRESS
+from .broker.vocabulary import ADMIN_PROPERTY
+from .broker.vocabulary import MANAGEMENT_ADDRESS as ADDRESS
 from .connect_timeout import CONNECT_TIMEOUT
-from .replication.codec import ADMIN_PROPERTY
 
 NOTHING_LISTENING = "cannot connect (nothing listening?)"
 

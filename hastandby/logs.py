@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 import sys
 
-import structlog
-
 FORMATS = ("console", "json")
 
 
 def configure(fmt: str = "console", level: str = "info") -> None:
     """Route structlog (and stdlib logging, e.g. proton's) to stderr in ``fmt``."""
+    import structlog  # here: the CLI reads FORMATS for its options, and a management command needs no structlog
+
     renderer = (
         structlog.processors.JSONRenderer()
         if fmt == "json"

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .broker.management import IDS_PAGE
+from .broker.vocabulary import IDS_PAGE
 from .client import Login, ManagementClient, ManagementError
 from .connect_timeout import CONNECT_TIMEOUT
 

@@ -40,14 +40,14 @@ from .links import close_link, receive_each
 from .peer import field
 from .registry import Registry
 from .values import plain
+from .vocabulary import IDS_PAGE, MANAGEMENT_ADDRESS
 
-ADDRESS = "$management"
+ADDRESS = MANAGEMENT_ADDRESS
 Operation = Callable[["Request"], "tuple[int, Any] | Deferred"]
 Guard = Callable[["Request"], None]
 MUTATING = {"CREATE", "DELETE", "BIND", "UNBIND", "PURGE"}
 READ_ONLY = {"QUERY", "STATUS", "PING"}
 ON_OBJECT = {"CREATE": "create", "DELETE": "delete", "PURGE": "purge", "IDS": "browse"}
-IDS_PAGE = 10_000  # messages per IDS reply unless asked for fewer
 IDS_PAGE_MAX = 50_000
 
 log = structlog.get_logger("hastandby.management")

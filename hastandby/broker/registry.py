@@ -27,8 +27,8 @@ from .errors import (
 from .exchange import EXCHANGE_TYPES, Binding, Exchange
 from .queue import Queue, QueueSettings
 from .queue_kinds import DeliveryLimitQueue, queue_class
+from .vocabulary import LEVELS
 
-LEVELS = ("none", "configuration", "all")
 REPLICATE = "qpid.replicate"
 BUILTIN_EXCHANGES = {"amq.direct": "direct", "amq.fanout": "fanout", "amq.topic": "topic"}
 TEMP_PREFIX = "temp."

@@ -45,8 +45,8 @@ from hastandby.broker.registry import INTERNAL, REPLICATE, Node, Registry
 from hastandby.broker.values import plain
 from hastandby.replication.batching import BatchingLink
 from hastandby.replication.guard import QueueGuard
+from hastandby.broker.vocabulary import ADMIN_PROPERTY
 from hastandby.replication.codec import (
-    ADMIN_PROPERTY,
     BACKUP_PROPERTY,
     ProtocolError,
     encode_control,

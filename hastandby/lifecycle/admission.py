@@ -23,7 +23,7 @@ from proton import Condition, Connection, int32, symbol
 from hastandby.broker.authority import principal_of
 from hastandby.broker.server import Refusal
 from hastandby.browser.primary import backup_info
-from hastandby.replication.codec import ADMIN_PROPERTY
+from hastandby.broker.vocabulary import ADMIN_PROPERTY
 
 from hastandby.node import Node, split_hostport
 

@@ -37,7 +37,6 @@ from hastandby.broker.links import receive_each
 from hastandby.broker.values import plain
 
 BACKUP_PROPERTY = symbol("qpid.ha-backup")
-ADMIN_PROPERTY = symbol("qpid.ha-admin")
 IDS_PROPERTY = symbol("qpid.ha-ids")
 DEQUEUE_TAG = b"d"
 BATCH_TAG = b"b"

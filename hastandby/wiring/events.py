@@ -33,7 +33,8 @@ from typing import Any, Iterable, Union
 
 from hastandby.broker.exchange import EXCHANGE_TYPES, Binding, Exchange
 from hastandby.broker.queue import Queue
-from hastandby.broker.registry import BUILTIN_EXCHANGES, LEVELS, REPLICATE, TEMP_PREFIX
+from hastandby.broker.registry import BUILTIN_EXCHANGES, REPLICATE, TEMP_PREFIX
+from hastandby.broker.vocabulary import LEVELS
 
 SNAPSHOT = "snapshot"
 QUEUE_CREATED = "queue-created"

@@ -35,7 +35,8 @@ from typing import Any
 from proton import Delivery, Endpoint, Message, Terminus, ulong
 
 from hastandby.broker.idset import IdSet
-from hastandby.replication.codec import ADMIN_PROPERTY, BACKUP_PROPERTY, IDS_PROPERTY
+from hastandby.broker.vocabulary import ADMIN_PROPERTY
+from hastandby.replication.codec import BACKUP_PROPERTY, IDS_PROPERTY
 from hastandby.browser.protocol import (
     LINEAGE_PROPERTY,
     REPLICATE_PROPERTY,
