@@ -42,7 +42,8 @@ from .security.tls import TlsSettings
 log = structlog.get_logger("hastandby.node")
 
 HOUSEKEEPING_INTERVAL = 0.25  # seconds between TTL expiry sweeps
-SHUTDOWN_GRACE = 0.3  # seconds to flush close frames before the loop stops
+SHUTDOWN_GRACE = 0.3  # seconds at most to flush close frames before the loop stops
+SHUTDOWN_POLL = 0.01  # seconds between looks at whether every connection has closed
 
 
 @dataclass
@@ -271,7 +272,15 @@ class Node:
         for listener in self._listeners:
             listener.close()
         self.handler.close_all(self.shutdown_refusal)
-        self.schedule(SHUTDOWN_GRACE, self._finish)
+        self._finish_once_closed(time.monotonic() + SHUTDOWN_GRACE)
+
+    def _finish_once_closed(self, deadline: float) -> None:
+        """End the loop once every connection has closed (its peer answered our close, or went), or at
+        ``deadline``: a node with no client, or with clients that answer at once, stops at once."""
+        if self.driver.sockets and time.monotonic() < deadline:
+            self.schedule(SHUTDOWN_POLL, lambda: self._finish_once_closed(deadline))
+            return
+        self._finish()
 
     def reload_acl(self) -> None:
         """SIGHUP: read the ACL file again; a file with a mistake leaves the rules as they were."""
