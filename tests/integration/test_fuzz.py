@@ -789,9 +789,15 @@ def _to_backup(backup: Backup, wiring: list[Any], browser_deliveries: list[tuple
             assert fake.run(served, 3.0, lambda: "fz.b1" in served.links and served.links["fz.b1"].credit > 0)
             for tag, data in browser_deliveries:
                 send(served.links["fz.b1"], tag, data)
-        fake.run(served, 1.1)
+        fake.run(served, 1.1, lambda: _detached(served, "fz.b1"))  # bad input: refused, no need to wait more
     finally:
         served.engine.close(linger=0.1)
+
+
+def _detached(served: Any, address: str) -> bool:
+    """Has the node detached our link from ``address`` (refused what came on it)?"""
+    link = served.links.get(address)
+    return link is not None and bool(link.state & Endpoint.REMOTE_CLOSED)
 
 
 def _to_replica(replica: DrReplica, deliveries: list[tuple[bytes, bytes]], queue: str = "",
@@ -813,7 +819,7 @@ def _to_replica(replica: DrReplica, deliveries: list[tuple[bytes, bytes]], queue
                 continue
             for tag, data in deliveries:
                 send(served.links[name], tag, data)
-            fake.run(served, 1.1)
+            fake.run(served, 1.1, lambda served=served, name=name: _detached(served, name))
             return
         finally:
             served.engine.close(linger=0.1)
