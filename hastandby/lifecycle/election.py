@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import Any, Callable, Protocol, assert_never
 
 import structlog
@@ -88,6 +89,7 @@ class ElectionLoop:
         self._stop = threading.Event()
         self._pending = threading.Event()  # a role change is on its way to the reactor
         self._requests: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
+        self._again: list[Callable[[], object]] = []  # requests to try again next cycle (election thread only)
         self._thread = threading.Thread(target=self._run, name="hastandby-election", daemon=True)
 
     # -- called from any thread ------------------------------------------------------------
@@ -109,8 +111,25 @@ class ElectionLoop:
         self._wake.set()
 
     def hand_over(self, target: str, ttl: int) -> None:
-        """An operator's promotion: name ``target`` the handover target for ``ttl`` seconds."""
-        self.request(lambda: self.coordinator.set_handover(target, ttl=ttl))
+        """An operator's promotion: name ``target`` the handover target for ``ttl`` seconds.
+
+        A write etcd refuses is tried again each cycle while those seconds last: a node whose etcd
+        link had just come back failed its first write on the old connection, and the operator's
+        ``promote`` then waited 15 s for a handover nobody had asked for (the nemesis schedule
+        frozen-primary-resumes-cut-from-etcd).
+        """
+        deadline = time.monotonic() + ttl
+
+        def write() -> None:
+            try:
+                self.coordinator.set_handover(target, ttl=ttl)
+            except CoordinatorError as error:
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("handover not written yet; trying again next cycle", error=str(error))
+                self._again.append(write)
+
+        self.request(write)
 
     def force_sync(self, answer: Callable[[bool | CoordinatorError], None]) -> None:
         """``promote --force``: make the sync set this node alone while there is no leader; ``answer`` is told,
@@ -152,6 +171,9 @@ class ElectionLoop:
                 log.exception("election cycle failed")
 
     def _drain_requests(self) -> None:
+        again, self._again = self._again, []
+        for fn in again:
+            self._requests.put(fn)
         while True:
             try:
                 fn = self._requests.get_nowait()

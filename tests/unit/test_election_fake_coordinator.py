@@ -409,3 +409,27 @@ def test_a_primary_frozen_past_its_ttl_steps_down_when_it_resumes_and_leaves_the
     assert a.coordinator.calls.count("resign") == 1 and cluster.leader() == new
     settle(cluster, a, b, c)
     assert a.node.followed == [new] and cluster.leader() == new
+
+
+def test_an_operators_handover_that_etcd_refuses_is_written_at_a_later_cycle() -> None:
+    """A node whose etcd link just came back fails its first write; the promote it was asked for still happens."""
+    cluster, a, b, c = running_cluster(c_state=State.BACKUP, c_in_sync=True)
+    cluster.partition("b")
+    b.loop.hand_over("b", ttl=10)
+    b.cycle()
+    assert cluster.handover_target() is None and b.coordinator.calls.count("set_handover") == 1
+    cluster.heal("b")
+    b.cycle()
+    assert cluster.handover_target() == "b" and b.coordinator.calls.count("set_handover") == 2
+    b.cycle()
+    assert b.coordinator.calls.count("set_handover") == 2  # written once: not again
+
+
+def test_a_handover_still_refused_when_its_time_is_up_is_given_up() -> None:
+    cluster, a, b, c = running_cluster(c_state=State.BACKUP, c_in_sync=True)
+    cluster.partition("b")
+    b.loop.hand_over("b", ttl=0)
+    b.cycle()
+    cluster.heal("b")
+    b.cycle()
+    assert cluster.handover_target() is None and b.coordinator.calls.count("set_handover") == 1
