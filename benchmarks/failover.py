@@ -65,7 +65,7 @@ from hastandby.testing import auth as _auth
 from hastandby.testing.etcd import EtcdServer
 from hastandby.testing.nodes import read_node_log
 from hastandby.testing.numbered_client import HEARTBEAT, RECONNECT_DELAY
-from hastandby.testing.processes import LOOPBACK, Service, free_port, python_env
+from hastandby.testing.processes import LOOPBACK, JsonLinesProcess, Service, free_port, python_env
 from hastandby.testing.provenance import host_info, uncommitted_changes
 from hastandby.testing.status_poller import StatusPoller
 from hastandby.testing.waiting import wait_until
@@ -115,11 +115,12 @@ MIN_LEASE_TTL = 2  # etcd raises shorter TTLs to about 1.5 x its election timeou
 CUT_FOR = 6.0  # s a cut link stays down: past the lease and past what a client's bounded connects take
 
 
-class ChildProcess:
+class ChildProcess(JsonLinesProcess):
     """A client or the etcd watch as a child process (``python -m MODULE ARGV``); stopped by PID.
 
-    Reads its JSON status lines on a thread (``status`` is the latest; with
-    ``keep`` every line is kept in ``lines``); ``send`` writes a command line.
+    ``status`` is the latest status line (with ``keep`` every line is kept in
+    ``lines``); ``send`` writes a command line; ``finish`` loads what it
+    recorded.
     """
 
     def __init__(self, name: str, module: str, argv: list[str], workdir: Path, keep: bool = False,
@@ -127,46 +128,26 @@ class ChildProcess:
         """``prefix``: what runs the process elsewhere (``ip netns exec HOST``, a LAN round's clients)."""
         self.name = name
         self.out = workdir / f"{name}.json"
-        self.log_path = workdir / f"{name}.log"
         self.keep = keep
         self.status: dict[str, Any] = {}
         self.lines: list[dict[str, Any]] = []
         self.record: dict[str, Any] | None = None
         self.finished = False
-        with open(self.log_path, "ab") as log:
-            self.popen = subprocess.Popen(
-                [*(prefix or []), sys.executable, "-m", module, *argv], cwd=REPO_ROOT,
-                env={**python_env(), **_auth.users().client_environment()},
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True,
-            )
-        self._reader = threading.Thread(target=self._read, name=f"failover-read-{name}", daemon=True)
-        self._reader.start()
+        super().__init__([*(prefix or []), sys.executable, "-m", module, *argv], workdir / f"{name}.log",
+                         {**python_env(), **_auth.users().client_environment()}, f"failover-read-{name}")
 
-    def _read(self) -> None:
-        assert self.popen.stdout is not None
-        for raw in self.popen.stdout:
-            try:
-                line = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(line, dict):
-                self.status = self.status_of(line)
-                if self.keep:
-                    self.lines.append(line)
+    def on_line(self, line: dict[str, Any]) -> None:
+        self.status = self.status_of(line)
+        if self.keep:
+            self.lines.append(line)
 
     def status_of(self, line: dict[str, Any]) -> dict[str, Any]:
         return line
 
-    @property
-    def running(self) -> bool:
-        return self.popen.poll() is None
-
     def send(self, command: str) -> None:
         try:
-            assert self.popen.stdin is not None
-            self.popen.stdin.write((command + "\n").encode())
-            self.popen.stdin.flush()
-        except (BrokenPipeError, OSError, ValueError):
+            self.write_line(command)
+        except (OSError, ValueError):
             pass
 
     def finish(self, timeout: float = 10.0) -> dict[str, Any] | None:
@@ -174,17 +155,8 @@ class ChildProcess:
         if self.finished:
             return self.record
         self.finished = True
-        try:
-            assert self.popen.stdin is not None
-            self.popen.stdin.close()
-        except (BrokenPipeError, OSError):
-            pass
-        try:
-            self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait(5)
-        self._reader.join(5)
+        self.end_input()
+        self.wait_or_kill(timeout)
         try:
             self.record = self.record_of(json.loads(self.out.read_text()))
         except (OSError, ValueError, KeyError, TypeError):
@@ -215,12 +187,6 @@ class ClientProcess(ChildProcess):
 
     def record_of(self, loaded: Any) -> dict[str, Any]:
         return loaded[self.name]
-
-    def log_tail(self, lines: int = 5) -> str:
-        try:
-            return " | ".join(self.log_path.read_text(errors="replace").strip().splitlines()[-lines:])
-        except OSError:
-            return ""
 
 
 # -- nodes ---------------------------------------------------------------------------------------

@@ -13,9 +13,7 @@ runs in the harness itself (``drain``), with the same client.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,8 +23,7 @@ from typing import Any
 from .netns import Host
 from .numbered_client import HEARTBEAT, HistoryWriter, NumberedReceiver
 from .numbered_client import drain as drain_queue
-from .paths import repo
-from .processes import python_env
+from .processes import JsonLinesProcess, python_env
 
 PRODUCER_RATE = 25.0  # messages/s per background producer
 PRODUCERS = ("p1", "p2", "p3")
@@ -45,7 +42,7 @@ class WorkloadError(RuntimeError):
     """The clients process failed or refused a command."""
 
 
-class Workload:
+class Workload(JsonLinesProcess):
     """One clients process; ``stop()`` (in a ``finally``) ends it by PID if ``finish()`` did not."""
 
     def __init__(self, host: Host, urls: list[str], queue: str, workdir: Path, credentials: dict[str, str],
@@ -53,42 +50,24 @@ class Workload:
         """``credentials``: the clients' ``HASTANDBY_USER``/``HASTANDBY_PASSWORD`` environment; ``options``: more
         ``numbered_client`` arguments (its heartbeat, connect timeout, reconnect, ...)."""
         self.history_path = workdir / "clients-history.jsonl"
-        self.log_path = workdir / "clients.log"
         self.status: dict[str, dict[str, Any]] = {}
         self.errors: list[str] = []
         self.background: list[str] = []  # the background producers started (start_background)
         command = host.command(sys.executable, "-m", "hastandby.testing.numbered_client", "--urls", ",".join(urls),
                                "--queue", queue, "--history", str(self.history_path), "--window", str(WINDOW),
                                "--credit", str(CREDIT), "--time-limit", "600", *options)
-        with open(self.log_path, "ab") as log:
-            self.popen = subprocess.Popen(command, cwd=repo(), env={**python_env(), **credentials},
-                                          stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, stderr=log, start_new_session=True)
-        self._reader = threading.Thread(target=self._read, name="nemesis-workload-status", daemon=True)
-        self._reader.start()
+        super().__init__(command, workdir / "clients.log", {**python_env(), **credentials}, "nemesis-workload-status")
 
-    def _read(self) -> None:
-        assert self.popen.stdout is not None
-        for raw in self.popen.stdout:
-            try:
-                line = json.loads(raw)
-            except ValueError:
-                continue
-            if "error" in line:
-                self.errors.append(str(line["error"]))
-            if isinstance(line.get("status"), dict):
-                self.status = line["status"]
-
-    @property
-    def running(self) -> bool:
-        return self.popen.poll() is None
+    def on_line(self, line: dict[str, Any]) -> None:
+        if "error" in line:
+            self.errors.append(str(line["error"]))
+        if isinstance(line.get("status"), dict):
+            self.status = line["status"]
 
     def command(self, text: str) -> None:
         if not self.running:
             raise WorkloadError(f"the clients process exited ({self.popen.returncode}): {self.log_tail()}")
-        assert self.popen.stdin is not None
-        self.popen.stdin.write((text + "\n").encode())
-        self.popen.stdin.flush()
+        self.write_line(text)
 
     def start_background(self, virtual_ip_url: str | None = None) -> None:
         """The steady load: producers at PRODUCER_RATE each, a consumer at CONSUMER_RATE; a backlog builds.
@@ -147,29 +126,12 @@ class Workload:
         """Producers stop and settle (bounded), consumers close, the process exits; SIGKILL if it does not."""
         if self.running:
             self.command(f"finish {FINISH_TIMEOUT:g}")
-            try:
-                self.popen.wait(FINISH_TIMEOUT + 15)
-            except subprocess.TimeoutExpired:
+            if not self.wait_or_kill(FINISH_TIMEOUT + 15):
                 self.errors.append("the clients process did not finish in time; killed")
         self.stop()
 
     def stop(self) -> None:
-        if self.running:
-            self.popen.kill()
-            self.popen.wait(5)
-        for stream in (self.popen.stdin, self.popen.stdout):
-            try:
-                if stream is not None:
-                    stream.close()
-            except OSError:
-                pass
-        self._reader.join(5)
-
-    def log_tail(self, lines: int = 5) -> str:
-        try:
-            return " | ".join(self.log_path.read_text(errors="replace").strip().splitlines()[-lines:])
-        except OSError:
-            return ""
+        self.wait_or_kill(0)
 
 
 def drain(urls: list[str], queue: str, history_path: Path, credentials: dict[str, Any]) -> dict[str, Any]:

@@ -4,14 +4,17 @@ Benchmarks start brokers (the C example broker, hastandby nodes) as child
 processes, measure their CPU and memory with psutil, and must always stop them
 by PID, also when a run fails; :class:`Service` bundles that.  The tests'
 ``hastandby serve`` process with a management readiness check is
-``nodes.NodeProcess``; bounded polling is in ``waiting``.
+``nodes.NodeProcess``; bounded polling is in ``waiting``.  A client process
+driven by command lines that reports JSON lines is a :class:`JsonLinesProcess`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 from types import TracebackType
@@ -20,6 +23,8 @@ from typing import Any, Self
 import psutil
 from proton import ProtonException
 from proton.utils import BlockingConnection
+
+from .paths import repo
 
 LOOPBACK = "127.0.0.1"
 
@@ -205,3 +210,73 @@ def _amqp_opens(host: str, port: int, timeout: float, connect_options: dict[str,
 def python_env() -> dict[str, str]:
     """Environment for child Python processes: unbuffered output, so logs are current."""
     return {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+class JsonLinesProcess:
+    """A child process that takes commands as lines on its stdin and reports JSON objects, a line each, on
+    its stdout, read on a thread (``on_line``); its stderr goes to ``log_path``.  It runs in a session of its
+    own, and ``kill`` stops it by PID (the failover benchmark's clients, the nemesis workload)."""
+
+    def __init__(self, argv: list[str], log_path: Path, env: dict[str, str], name: str) -> None:
+        self.log_path = log_path
+        with open(log_path, "ab") as log:
+            self.popen = subprocess.Popen(argv, cwd=repo(), env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=log, start_new_session=True)
+        self._reader = threading.Thread(target=self._read, name=name, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for raw in self.popen.stdout:
+            try:
+                line = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(line, dict):
+                self.on_line(line)
+
+    def on_line(self, line: dict[str, Any]) -> None:
+        """One JSON object the process printed, on the reader thread."""
+
+    @property
+    def running(self) -> bool:
+        return self.popen.poll() is None
+
+    def write_line(self, text: str) -> None:
+        """Send one command line; OSError (or ValueError) once the process's stdin is closed."""
+        assert self.popen.stdin is not None
+        self.popen.stdin.write((text + "\n").encode())
+        self.popen.stdin.flush()
+
+    def end_input(self) -> None:
+        """Close the process's stdin: end of commands."""
+        try:
+            assert self.popen.stdin is not None
+            self.popen.stdin.close()
+        except OSError:
+            pass
+
+    def wait_or_kill(self, timeout: float) -> bool:
+        """Wait ``timeout`` s for the process to exit, SIGKILL it if it does not; True if it exited by itself.
+        Then the rest of what it printed is read (5 s at most) and its pipes are closed."""
+        exited = True
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            exited = False
+            self.popen.kill()
+            self.popen.wait(5)
+        self._reader.join(5)
+        for stream in (self.popen.stdin, self.popen.stdout):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+        return exited
+
+    def log_tail(self, lines: int = 5) -> str:
+        try:
+            return " | ".join(self.log_path.read_text(errors="replace").strip().splitlines()[-lines:])
+        except OSError:
+            return ""
