@@ -14,7 +14,9 @@ Nodes require authentication (``hastandby/testing/auth.py``): backups authentica
 to the primary as ``peer``, clients as ``app`` with PLAIN, management as
 ``admin``.
 
-Prints msg/s per configuration and the ratio to standalone, writes JSON to
+Prints msg/s per configuration and the ratio to standalone, and CPU per
+message of the primary (``cpu_us_per_msg``: its one core is what limits a
+cluster) and of every node (``cluster_cpu_us_per_msg``); writes JSON to
 ``results/ha-throughput-<UTC>.json``.
 
 Before/after (``--baseline-tree PATH``, e.g. a ``git worktree`` of an older
@@ -228,7 +230,11 @@ def measure(config: str, round_no: int, settings: Settings, latency_messages: in
             if figure == "receive" and not runs["send"].ok:
                 run.error = "not run: the send figure that fills its queue failed"
             else:
+                cluster_before = sum(service.cpu_seconds() for service in services)
                 _measure(run, primary, partial(PHASES[figure], settings, port, run.queue, tree.client_environment()))
+                if run.ok:
+                    spent = sum(service.cpu_seconds() for service in services) - cluster_before
+                    run.cluster_cpu_us_per_msg = spent / run.messages * 1e6
             _progress(run, settings.runs)
         result["ack_latency"] = ack_latency(port, f"lat-{tag}", latency_messages, tree.connect_options())
         lat = result["ack_latency"]
@@ -261,12 +267,14 @@ def summarize(results: list[dict[str, Any]], tree: str = CURRENT.name) -> dict[s
     summary: dict[str, Any] = {}
     for config in CONFIGURATIONS:
         mine = [r for r in results if r["config"] == config and r.get("tree", CURRENT.name) == tree]
-        figures, cpu = {}, {}
+        figures, cpu, cluster_cpu = {}, {}, {}
         for figure in FIGURES:
             ok = [run for r in mine for run in r["runs"] if run["figure"] == figure and run["ok"]]
             figures[figure] = _median([run["msg_per_s"] for run in ok])
             cpu[figure] = _median([run["cpu_us_per_msg"] for run in ok])
-        summary[config] = {"msg_per_s": figures, "cpu_us_per_msg": cpu,
+            cluster_cpu[figure] = _median([run["cluster_cpu_us_per_msg"] for run in ok
+                                           if run.get("cluster_cpu_us_per_msg") is not None])
+        summary[config] = {"msg_per_s": figures, "cpu_us_per_msg": cpu, "cluster_cpu_us_per_msg": cluster_cpu,
                            "ack_p50_ms": _median([r["ack_latency"]["p50_ms"] for r in mine if "ack_latency" in r]),
                            "ack_p99_ms": _median([r["ack_latency"]["p99_ms"] for r in mine if "ack_latency" in r])}
     base = summary["standalone"]["msg_per_s"]
@@ -331,6 +339,14 @@ def print_summary(summary: dict[str, Any], title: str = "") -> None:
         )
         latency = f"{row['ack_p50_ms'] or 0:.2f}/{row['ack_p99_ms'] or 0:.2f}"
         print(f"{config:<12}{cells}{latency:>18}")
+    print("median CPU us/msg, the primary's / every node's: " + "; ".join(
+        f"{config} " + " ".join(f"{f} {_us(row['cpu_us_per_msg'][f])}/{_us(row['cluster_cpu_us_per_msg'][f])}"
+                                for f in FIGURES)
+        for config, row in summary.items()))
+
+
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def _cell(value: float | None, spread: list[float], within: bool | None) -> str:

@@ -193,6 +193,7 @@ class Run:
     msg_per_s: float | None = None
     broker_cpu_s: float | None = None
     cpu_us_per_msg: float | None = None
+    cluster_cpu_us_per_msg: float | None = None  # every node of a cluster (ha_throughput); the primary's is above
 
 
 @dataclass
