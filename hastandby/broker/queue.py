@@ -330,12 +330,18 @@ class Queue:
         return dict(self._expires)
 
     def _arrived(self) -> None:
-        """New messages: consumers get them now, browsers now or once this pass is done."""
-        if self.consumers or (self.browsers and self.defer_browse is None):
-            self.dispatch()
-        elif self.browsers and not self._browse_deferred:
+        """New messages: consumers get them now; browsers now, or, where the queue defers them
+        (``defer_browse``: a replicated queue), once this pass of events is done, consumers or not.
+
+        A backup's browser then takes a pass's messages as one run, one batch: while consumers took
+        messages as they came, it took them one dispatch and one run each, and a primary with two
+        backups spent 6 us more per message sent and consumed together than a standalone node.
+        """
+        if self.browsers and self.defer_browse is not None and not self._browse_deferred:
             self._browse_deferred = True
             self.defer_browse(self._dispatch_deferred)
+        if self.consumers or (self.browsers and not self._browse_deferred):
+            self.dispatch()
 
     def _dispatch_deferred(self) -> None:
         """The deferred browse: every message enqueued since reaches the browsers now."""
@@ -377,16 +383,18 @@ class Queue:
             self.consumers.remove(consumer)
 
     def dispatch(self) -> None:
-        """Give available messages to consumers with credit, and new ones to browsers."""
+        """Give available messages to consumers with credit, and new ones to browsers (unless their
+        dispatch is deferred to the end of this pass: ``_arrived``)."""
         if self._dispatching or self.deleted:
             return
         self._dispatching = True
         try:
             if self.consumers:
                 self._dispatch_consumers(self.consumers)
-            for browser in self.browsers:
-                if browser.credit > 0:
-                    self._dispatch_browser(browser)
+            if not self._browse_deferred:
+                for browser in self.browsers:
+                    if browser.credit > 0:
+                        self._dispatch_browser(browser)
         finally:
             self._dispatching = False
 

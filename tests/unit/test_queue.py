@@ -115,7 +115,7 @@ def test_deferred_browse_sends_what_was_enqueued_once_per_pass_in_order():
     assert [m[0] for m in browser.got] == [1, 3, 4]
 
 
-def test_deferred_browse_does_not_delay_consumers_or_browsers_beside_them():
+def test_deferred_browse_serves_consumers_at_once_and_browsers_beside_them_at_the_end_of_the_pass():
     q = make()
     browser = FakeConsumer(credit=10, browsing=True, sees_acquired=True)
     consumer = FakeConsumer(credit=10)
@@ -125,8 +125,14 @@ def test_deferred_browse_does_not_delay_consumers_or_browsers_beside_them():
     q.defer_browse = pending.append
     q.enqueue(b"m0")
     q.enqueue(b"m1")
-    assert pending == []
-    assert [m[0] for m in consumer.got] == [1, 2] and [m[0] for m in browser.got] == [1, 2]
+    q.enqueue(b"m2")
+    assert [m[0] for m in consumer.got] == [1, 2, 3] and browser.got == []
+    q.acknowledge(2)  # consumed within the pass: the browse finds a hole there
+    assert len(pending) == 1
+    pending.pop()()
+    assert [m[0] for m in browser.got] == [1, 3]
+    q.enqueue(b"m3")
+    assert len(pending) == 1 and [m[0] for m in consumer.got] == [1, 2, 3, 4]
 
 
 def test_plain_browser_skips_acquired_replicating_browser_does_not():
