@@ -27,8 +27,7 @@ from urllib.parse import unquote, urlsplit
 from proton import ConnectionException, Message, ProtonException, SSLDomain, Timeout
 from proton.utils import BlockingConnection, SyncRequestResponse
 
-from .broker.vocabulary import ADMIN_PROPERTY
-from .broker.vocabulary import MANAGEMENT_ADDRESS as ADDRESS
+from .broker.vocabulary import ADMIN_PROPERTY, MANAGEMENT_ADDRESS
 from .connect_timeout import CONNECT_TIMEOUT
 
 NOTHING_LISTENING = "cannot connect (nothing listening?)"
@@ -152,7 +151,7 @@ class ManagementClient:
             raise _connect_error(broker, error) from None
         self._connection.timeout = timeout  # every wait from here on: the link attaches, each request
         try:
-            self._rpc = SyncRequestResponse(self._connection, ADDRESS)
+            self._rpc = SyncRequestResponse(self._connection, MANAGEMENT_ADDRESS)
         except Timeout:
             self.close()
             raise ManagementError(f"{broker}: no answer within {timeout:g} s") from None

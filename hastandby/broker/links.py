@@ -332,18 +332,8 @@ class IncomingLink:
     def on_delivery(self, delivery: Any) -> None:
         """Every complete delivery from the link's current one on, whichever ``delivery`` the event names
         (``take_deliveries``)."""
-        if self.closed:
-            return
-        # ``take_deliveries`` inlined: a producer's link takes every message this way.
-        impl, take = self._impl, self._take
-        current = pn_link_current(impl)
-        while current:
-            if take(current):
-                return
-            following = pn_link_current(impl)
-            if following == current:
-                return
-            current = following
+        if not self.closed:
+            take_deliveries(self._impl, self._take)
 
     def _take(self, delivery: Any) -> bool:
         """One delivery, the link's current: taken (the link moves on), or left while partial or fenced.

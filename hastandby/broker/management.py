@@ -40,9 +40,8 @@ from .links import close_link, receive_each
 from .peer import field
 from .registry import Registry
 from .values import plain
-from .vocabulary import IDS_PAGE, MANAGEMENT_ADDRESS
+from .vocabulary import IDS_PAGE
 
-ADDRESS = MANAGEMENT_ADDRESS
 Operation = Callable[["Request"], "tuple[int, Any] | Deferred"]
 Guard = Callable[["Request"], None]
 MUTATING = {"CREATE", "DELETE", "BIND", "UNBIND", "PURGE"}

@@ -53,8 +53,8 @@ from .exchange import Exchange
 from .fence import Fence
 from .limits import Limits
 from .links import IncomingLink, OutgoingLink
-from .management import ADDRESS as MANAGEMENT_ADDRESS
 from .management import Management, ManagementLink
+from .vocabulary import MANAGEMENT_ADDRESS
 from .memory import MemoryAlarm
 from .peer import address as peer_address
 from .peer import field as peer_field
