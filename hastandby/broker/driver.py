@@ -276,7 +276,11 @@ class Socket:
             self.driver.selector.modify(self.sock, wanted, self)
 
     def flush(self) -> None:
-        """Write what the transport has for the peer; watch for writability if some remains."""
+        """Write what the transport has for the peer; watch for writability if some remains.
+
+        Called at the end of a pass, and in the middle of one where output cannot wait for the
+        pass to end (a producer's credit: ``links.IncomingLink``).
+        """
         if self.closed or self.connecting:
             return
         if self.pipe is not None:

@@ -286,7 +286,16 @@ class OutgoingLink:
 
 
 class IncomingLink:
-    """A client's sender: each complete transfer is routed and acknowledged."""
+    """A client's sender: each complete transfer is routed and acknowledged.
+
+    The producer's credit is topped up once half its window is used, and the
+    flow frame is written at once (``write``, the connection socket's flush)
+    rather than when the pass of events ends.  A pass reads up to 256 KiB
+    (driver.IO_CHUNK), more than a whole window of small messages, so a
+    top-up left for the pass's end let the producer run dry and wait for the
+    node to handle every message it had sent: send and handle took turns
+    instead of overlapping.
+    """
 
     def __init__(
         self,
@@ -300,6 +309,7 @@ class IncomingLink:
         starved: set["IncomingLink"],
         may_publish: Callable[[str], None] | None = None,
         window: int = 1000,
+        write: Callable[[], None] = lambda: None,
     ) -> None:
         self.link = link
         self.fence = fence
@@ -313,6 +323,7 @@ class IncomingLink:
         self.registry = registry
         self.max_message_size = max_message_size
         self.window = window
+        self.write = write
         self.closed = False
 
     def start(self) -> None:
@@ -361,6 +372,7 @@ class IncomingLink:
                 self.starved.add(self)
             else:
                 pn_link_flow(impl, self.window - credit)
+                self.write()
         if not data:
             # proton's reconnect re-sends an in-doubt delivery as an empty transfer:
             # no message, nothing to queue (a consumer could not decode it).

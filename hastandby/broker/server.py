@@ -414,10 +414,11 @@ class BrokerHandler(Handler):
         if address:
             node = self._resolve(principal, address, "publish")
             return IncomingLink(link, node, self.registry, self.max_message_size, self.fence, self.fenced,
-                                self.memory, self._starved)
+                                self.memory, self._starved, write=self._writer(link))
         # The anonymous relay: each message's own address is checked (a call per message, on relay links only).
         return IncomingLink(link, None, self.registry, self.max_message_size, self.fence, self.fenced,
-                            self.memory, self._starved, lambda name: self.authority.check(principal, "publish", name))
+                            self.memory, self._starved, lambda name: self.authority.check(principal, "publish", name),
+                            write=self._writer(link))
 
     def _resolve(self, principal: Principal, address: str, action: str) -> Node:
         """The node an attach names, checking ``action`` on it (and ``create`` and the limits if it is new)."""
@@ -450,6 +451,11 @@ class BrokerHandler(Handler):
         """The unwritten bytes of the link's connection, which its consumers share."""
         wrapped = self.driver.socket_of(link.connection)
         return wrapped.backlog if wrapped is not None else None
+
+    def _writer(self, link: Link) -> Callable[[], None]:
+        """Writes the output of the link's connection now, in the middle of a pass of events."""
+        wrapped = self.driver.socket_of(link.connection)
+        return wrapped.flush if wrapped is not None else lambda: None
 
     def _subscribe(self, exchange: Exchange, link: Link) -> Queue:
         """A receiver on an exchange gets a private auto-delete queue bound with its filter."""
