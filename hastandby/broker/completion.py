@@ -8,6 +8,7 @@ The producer gets its ``accepted`` disposition when the last holder releases.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Callable
 
 
@@ -39,9 +40,10 @@ class Completion:
         if self._on_fail is not None:
             self._on_fail(self.token, error)
 
-    def hold(self) -> None:
+    def hold(self, count: int = 1) -> None:
+        """``count`` more holders (the guards of every backup, at once)."""
         if self._on_complete is not None:
-            self._pending += 1
+            self._pending += count
 
     def finish_unless_held(self) -> bool:
         """The creator's own release, for a creator that can act at once: True when nobody else holds
@@ -61,3 +63,15 @@ class Completion:
             callback, self._on_complete = self._on_complete, None
             self.done = True
             callback(self.token)
+
+
+def release_all(completions: Iterable[Completion]) -> None:
+    """``release`` each of ``completions``, without a call per message: a backup's acknowledgement
+    of a batch releases the batch's messages at once."""
+    for completion in completions:
+        pending = completion._pending - 1
+        completion._pending = pending
+        if pending == 0 and completion._on_complete is not None:
+            callback, completion._on_complete = completion._on_complete, None
+            completion.done = True
+            callback(completion.token)

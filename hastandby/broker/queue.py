@@ -25,7 +25,7 @@ import uuid as uuidlib
 from array import array
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence, TypeVar
 
 from .completion import Completion
 from .errors import ResourceLimitExceeded
@@ -34,6 +34,7 @@ from .lineage import Lineage
 from .sections import NO_SCHEDULE_PREFIXES, SCHEDULE_MARK, may_be_scheduled
 
 Scheduler = Callable[[float, Callable[[], None]], Any]
+T = TypeVar("T")
 
 
 class Consumer(Protocol):
@@ -57,7 +58,10 @@ class QueueObserver(Protocol):
 
     An observer whose class says ``follows_acquisitions = False`` (the journal:
     it records what is stored, not who holds it) is not called for ``acquired``
-    and ``released``, which come with every delivery to a consumer.
+    and ``released``, which come with every delivery to a consumer, and need
+    not have them.  An observer without ``enqueued`` or ``dequeued`` (a
+    backup's replicating browser, which the browse hands new messages) is not
+    called for those: the queue asks once, when the observer comes.
     """
 
     def enqueued(self, queue: "Queue", msg_id: int, data: bytes, completion: Completion | None) -> None: ...
@@ -120,6 +124,8 @@ class Queue:
             settings.max_count is not None or settings.max_size is not None)
         self.uuid = object_uuid or str(uuidlib.uuid4())
         self.observers: list[QueueObserver] = []
+        self._enqueue_observers: list[QueueObserver] = []  # those that have ``enqueued``
+        self._dequeue_observers: list[QueueObserver] = []  # ... ``dequeued``
         self._acquisition_observers: list[QueueObserver] = []  # those called for acquired/released too
         self._count_observers: list[CountObserver] = []  # those told of failed deliveries
         self.consumers: list[Consumer] = []
@@ -169,16 +175,27 @@ class Queue:
 
     # -- observers -------------------------------------------------------
 
+    def observer_of(self, kind: type[T]) -> T | None:
+        """This queue's observer of class ``kind``, if it has one (one shared by several parties:
+        ``QueueGuards``, ``ArrivalFeed``)."""
+        for observer in self.observers:
+            if isinstance(observer, kind):
+                return observer
+        return None
+
     def add_observer(self, observer: QueueObserver) -> None:
         """Follow this queue.  Safe from inside an observer callback: the lists are rebound."""
         self.observers = [*self.observers, observer]
-        self._follow_acquisitions()
+        self._sort_observers()
 
     def remove_observer(self, observer: QueueObserver) -> None:
         self.observers = [o for o in self.observers if o is not observer]
-        self._follow_acquisitions()
+        self._sort_observers()
 
-    def _follow_acquisitions(self) -> None:
+    def _sort_observers(self) -> None:
+        """Which observers each hook calls."""
+        self._enqueue_observers = [o for o in self.observers if hasattr(o, "enqueued")]
+        self._dequeue_observers = [o for o in self.observers if hasattr(o, "dequeued")]
         self._acquisition_observers = [o for o in self.observers if getattr(o, "follows_acquisitions", True)]
         self._count_observers = [o for o in self.observers if hasattr(o, "delivery_counted")]
 
@@ -246,7 +263,7 @@ class Queue:
             deadline = time.monotonic() + ttl_ms / 1000.0
             self._expires[msg_id] = deadline
             heapq.heappush(self._expiry_heap, (deadline, msg_id))
-        for observer in self.observers:
+        for observer in self._enqueue_observers:
             observer.enqueued(self, msg_id, data, completion)
         self._arrived()
         return msg_id
@@ -275,7 +292,7 @@ class Queue:
         self.depth += count
         self.bytes += size
         self.stats["enqueued"] += count
-        for observer in self.observers:
+        for observer in self._enqueue_observers:
             for msg_id, payload in zip(range(first, first + count), payloads):
                 observer.enqueued(self, msg_id, payload, None)
         self._arrived()
@@ -552,7 +569,7 @@ class Queue:
         self.depth -= count
         self.bytes -= size
         self.stats["dequeued"] += count
-        for observer in self.observers:
+        for observer in self._dequeue_observers:
             for msg_id in ids:
                 observer.dequeued(self, msg_id, "consumed")
         if self._holes > 1024 and self._holes > self.depth:
@@ -623,7 +640,7 @@ class Queue:
             self._delivery_counts.pop(msg_id, None)
         if self._expires:
             self._expires.pop(msg_id, None)
-        for observer in self.observers:
+        for observer in self._dequeue_observers:
             observer.dequeued(self, msg_id, reason)
         if self._holes > 1024 and self._holes > self.depth:
             self._compact()

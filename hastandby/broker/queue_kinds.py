@@ -303,8 +303,8 @@ class DedupQueue(Queue):
         self._window_ms = settings.dedup_window * 1000
         super().__init__(name, settings, object_uuid)
 
-    def _follow_acquisitions(self) -> None:
-        super()._follow_acquisitions()
+    def _sort_observers(self) -> None:
+        super()._sort_observers()
         self._id_observers = [o for o in self.observers if hasattr(o, "id_remembered")]
 
     def enqueue(self, data: bytes, completion: Completion | None = None, ttl_ms: int | None = None,

@@ -16,11 +16,19 @@ A held message is released exactly once, by whichever comes first:
 ``complete`` (the backup accepted it), a dequeue on the primary (consumed before
 the backup got it: no need to wait), ``skip`` (the backup already had it), or
 ``cancel`` (the backup is gone: release everything and stop guarding).
+
+The guards of one queue share one observer (``QueueGuards``): a primary with
+two backups holds every new message twice, and asked each guard separately
+that cost two observer calls and two ``hold`` calls per message, and as many
+on each dequeue.  A backup's acknowledgement releases its whole batch at once
+(``complete_all``).
 """
 
 from __future__ import annotations
 
-from hastandby.broker.completion import Completion
+from collections.abc import Iterable
+
+from hastandby.broker.completion import Completion, release_all
 from hastandby.broker.idset import IdSet
 from hastandby.broker.queue import Queue
 
@@ -32,7 +40,7 @@ class QueueGuard:
         self.queue = queue
         self._held: dict[int, Completion] = {}
         self._attached = True
-        queue.add_observer(self)
+        QueueGuards.of(queue).add(self)
         self.first_id = queue.next_id
 
     @property
@@ -44,10 +52,13 @@ class QueueGuard:
         return msg_id in self._held
 
     def complete(self, msg_id: int) -> None:
-        """The backup accepted ``msg_id`` (once per replicated message: ``_release`` inlined)."""
-        completion = self._held.pop(msg_id, None)
-        if completion is not None:
-            completion.release()
+        """The backup accepted ``msg_id``."""
+        self._release(msg_id)
+
+    def complete_all(self, ids: Iterable[int]) -> None:
+        """The backup accepted every message of ``ids`` (a batch): released together."""
+        held = self._held
+        release_all([held.pop(msg_id) for msg_id in ids if msg_id in held])
 
     def skip(self, msg_id: int) -> None:
         """The backup already holds ``msg_id`` (catch-up), so it will not be sent."""
@@ -58,39 +69,64 @@ class QueueGuard:
         (a restarted backup may hold a million messages and the guard only a few)."""
         held = self._held
         if len(ids) <= len(held):
-            for msg_id in ids:
-                self._release(msg_id)
+            self.complete_all(ids)
         else:
-            for msg_id in [msg_id for msg_id in held if msg_id in ids]:
-                self._release(msg_id)
+            self.complete_all([msg_id for msg_id in held if msg_id in ids])
 
     def cancel(self) -> None:
         """The backup is dropped: release every held message and stop following the queue."""
         if self._attached:
             self._attached = False
-            self.queue.remove_observer(self)
+            QueueGuards.of(self.queue).remove(self)
         held, self._held = self._held, {}
-        for completion in held.values():
-            completion.release()
+        release_all(held.values())
 
     def _release(self, msg_id: int) -> None:
         completion = self._held.pop(msg_id, None)
         if completion is not None:
             completion.release()
 
+
+class QueueGuards:
+    """The queue's one observer on behalf of all its guards: holds each new message for every guard
+    whose first id it reaches, and releases it from every guard when it is dequeued."""
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+        self.guards: list[QueueGuard] = []  # rebound, never changed in place: safe inside a callback
+
+    follows_acquisitions = False  # QueueObserver: who holds a message changes nothing
+
+    @staticmethod
+    def of(queue: Queue) -> "QueueGuards":
+        """The queue's guards (an empty set, not yet observing, if it has none)."""
+        return queue.observer_of(QueueGuards) or QueueGuards(queue)
+
+    def add(self, guard: QueueGuard) -> None:
+        if not self.guards:
+            self.queue.add_observer(self)
+        self.guards = [*self.guards, guard]
+
+    def remove(self, guard: QueueGuard) -> None:
+        self.guards = [g for g in self.guards if g is not guard]
+        if not self.guards:
+            self.queue.remove_observer(self)
+
     # -- QueueObserver ----------------------------------------------------------
 
     def enqueued(self, queue: Queue, msg_id: int, data: bytes, completion: Completion | None) -> None:
-        if completion is None or completion.done or msg_id < self.first_id:
+        if completion is None or completion.done:
             return
-        completion.hold()
-        self._held[msg_id] = completion
-
-    def acquired(self, queue: Queue, msg_id: int) -> None:
-        """Acquisition changes nothing: the message is still unreplicated until dequeued."""
-
-    def released(self, queue: Queue, msg_id: int) -> None:
-        """A release back onto the queue changes nothing either."""
+        guards = self.guards
+        # A guard made after the message's id (its first_id) does not hold it: catch-up covers it.
+        holding = guards if msg_id >= guards[-1].first_id else [g for g in guards if msg_id >= g.first_id]
+        completion.hold(len(holding))
+        for guard in holding:
+            guard._held[msg_id] = completion
 
     def dequeued(self, queue: Queue, msg_id: int, reason: str) -> None:
-        self._release(msg_id)
+        """Consumed (or dropped) here before a backup had it: no backup need have it."""
+        for guard in self.guards:
+            completion = guard._held.pop(msg_id, None)
+            if completion is not None:
+                completion.release()

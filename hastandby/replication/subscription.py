@@ -43,7 +43,7 @@ from typing import Any, Callable, Sequence
 import structlog
 from proton import Link
 
-from hastandby.broker.arrivals import Arrivals
+from hastandby.broker.arrivals import ArrivalFeed, Arrivals
 from hastandby.broker.driver import Driver, Timer
 from hastandby.broker.links import pn_link_credit, send_settled
 from hastandby.broker.queue import Queue
@@ -61,6 +61,10 @@ MESSAGE_IDS_PER_CONTROL = 4096
 
 class ReplicatingSubscription(BatchingLink):
     """Streams one queue's messages (in batches) and dequeues to one backup."""
+
+    # QueueObserver: dequeues and failed deliveries only (the browse brings new messages, the
+    # ``ArrivalFeed`` their times; who holds a message changes nothing).
+    follows_acquisitions = False
 
     def __init__(
         self,
@@ -92,6 +96,7 @@ class ReplicatingSubscription(BatchingLink):
         primary_ids = queue.id_set()
         self.skip = backup_ids & primary_ids
         self.pending_dequeues = backup_ids - primary_ids
+        self._dequeued: list[int] = []  # dequeued here since the last dequeue control, in no order
         # Delivery-counts to send after the messages they are about (id -> count).  A queue with
         # counts is browsed message by message, so the browse sees each (``deliver``), skipped or not.
         self.pending_counts: dict[int, int] = {}
@@ -120,6 +125,7 @@ class ReplicatingSubscription(BatchingLink):
         self.arrivals = Arrivals()
         if queue.depth:
             self.arrivals.add(queue.next_id - 1)
+        ArrivalFeed.of(queue).follow(self.arrivals, self._done)
 
     def start(self) -> None:
         self.queue.add_consumer(self)
@@ -183,6 +189,9 @@ class ReplicatingSubscription(BatchingLink):
         """Send the delivery-counts and the dequeues collected so far, each as one pre-settled control
         delivery, after the batch being filled (the messages they are about go first)."""
         self._flush_timer = None
+        if self._dequeued:  # a list while it fills: an IdSet.add per message was three calls per backup
+            self.pending_dequeues |= IdSet.from_ids(self._dequeued)
+            self._dequeued = []
         if self.closed or not (self.pending_dequeues or self.pending_counts or self.pending_message_ids):
             return
         self.send_batch()  # messages browsed before the dequeues go before them
@@ -220,11 +229,8 @@ class ReplicatingSubscription(BatchingLink):
         first = self.first_id
         if ids[0] < first:
             self._old_in_flight -= bisect_left(ids, first)
-        guard = self.guard
-        if guard is not None:
-            complete = guard.complete
-            for msg_id in ids:
-                complete(msg_id)
+        if self.guard is not None:
+            self.guard.complete_all(ids)
         if not self.ready:
             self._check_ready()
 
@@ -264,18 +270,6 @@ class ReplicatingSubscription(BatchingLink):
 
     # -- QueueObserver: dequeues on the primary go to the backup in batches --------------
 
-    def enqueued(self, queue: Queue, msg_id: int, data: bytes, completion: Any) -> None:
-        if self.arrivals.add(msg_id):
-            # A new sample (at most one per 5 ms): drop those the backup is done with, or a
-            # primary nobody asks for ``lag_seconds`` would keep every sample it ever took.
-            self.arrivals.oldest(self._done)
-
-    def acquired(self, queue: Queue, msg_id: int) -> None:
-        pass
-
-    def released(self, queue: Queue, msg_id: int) -> None:
-        pass
-
     def id_remembered(self, queue: Queue, key: bytes, ms: int, durable: bool) -> None:
         """A deduplicating queue took a message-id: the backup remembers it too (after the message's batch)."""
         self.pending_message_ids[key] = (ms, durable)
@@ -295,7 +289,7 @@ class ReplicatingSubscription(BatchingLink):
     def dequeued(self, queue: Queue, msg_id: int, reason: str) -> None:
         if msg_id < self._skip_below:
             self.skip.discard(msg_id)
-        self.pending_dequeues.add(msg_id)
+        self._dequeued.append(msg_id)
         if self._flush_timer is None:
             self._flush_timer = self.driver.schedule(0.0, self._flush_dequeues)
 
@@ -312,6 +306,7 @@ class ReplicatingSubscription(BatchingLink):
             self._flush_timer.cancel()
         queue = self.queue
         queue.remove_observer(self)
+        ArrivalFeed.of(queue).unfollow(self.arrivals)
         if self in queue.browsers:
             queue.remove_consumer(self)
         if self.guard is not None and self.owns_guard:

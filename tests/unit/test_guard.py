@@ -123,7 +123,7 @@ def test_guard_attached_while_a_message_is_being_enqueued_does_not_hold_it():
 
         def dequeued(self, queue, msg_id, reason): ...
 
-    queue.observers.append(AttachOnEnqueue())
+    queue.add_observer(AttachOnEnqueue())
     first = producer.send(queue, "a")
     assert producer.accepted == ["a"]
     assert guards[0].first_id == first + 1
