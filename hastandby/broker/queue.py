@@ -24,6 +24,8 @@ import time
 import uuid as uuidlib
 from array import array
 from bisect import bisect_left, bisect_right
+from itertools import islice, repeat
+from operator import lt
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol, Sequence, TypeVar
 
@@ -31,7 +33,7 @@ from .completion import Completion
 from .errors import ResourceLimitExceeded
 from .idset import IdSet
 from .lineage import Lineage
-from .sections import NO_SCHEDULE_PREFIXES, SCHEDULE_MARK, may_be_scheduled
+from .sections import HEADER_PREFIX, NO_SCHEDULE_PREFIXES, SCHEDULE_MARK, header_ttl, may_be_scheduled
 
 Scheduler = Callable[[float, Callable[[], None]], Any]
 T = TypeVar("T")
@@ -123,7 +125,7 @@ class Queue:
         self.refuses_when_full = settings.policy == "reject" and (
             settings.max_count is not None or settings.max_size is not None)
         self.uuid = object_uuid or str(uuidlib.uuid4())
-        self.observers: list[QueueObserver] = []
+        self.observers: list[Any] = []  # each has some of QueueObserver's hooks
         self._enqueue_observers: list[QueueObserver] = []  # those that have ``enqueued``
         self._dequeue_observers: list[QueueObserver] = []  # ... ``dequeued``
         self._acquisition_observers: list[QueueObserver] = []  # those called for acquired/released too
@@ -183,12 +185,12 @@ class Queue:
                 return observer
         return None
 
-    def add_observer(self, observer: QueueObserver) -> None:
+    def add_observer(self, observer: object) -> None:
         """Follow this queue.  Safe from inside an observer callback: the lists are rebound."""
         self.observers = [*self.observers, observer]
         self._sort_observers()
 
-    def remove_observer(self, observer: QueueObserver) -> None:
+    def remove_observer(self, observer: object) -> None:
         self.observers = [o for o in self.observers if o is not observer]
         self._sort_observers()
 
@@ -267,6 +269,37 @@ class Queue:
             observer.enqueued(self, msg_id, data, completion)
         self._arrived()
         return msg_id
+
+    def enqueue_replicated(self, ids: Sequence[int], payloads: list[bytes], completion: Completion | None) -> None:
+        """A replica's batch from its primary: ``enqueue`` each message under its id.
+
+        A batch that follows the queue's last message, in increasing order, on a
+        queue of the plain kind, with no message that has a ttl or may have a
+        delivery time (proton's usual header, no message annotations: one
+        ``bytes.startswith`` in C each) is appended in one step, as a backup that
+        keeps up receives it; an ``enqueue`` call each was most of its work.
+        """
+        held = self._ids
+        count = len(ids)
+        if not (count and type(self).enqueue is Queue.enqueue and self._keeper is None
+                and (not held or ids[0] > held[-1]) and ids[0] >= 1 and ids[-1] <= MAX_MSG_ID
+                and all(map(lt, ids, islice(ids, 1, None)))
+                and all(map(bytes.startswith, payloads, repeat(NO_SCHEDULE_PREFIXES)))):
+            for msg_id, payload in zip(ids, payloads):
+                ttl = header_ttl(payload) if payload.startswith(HEADER_PREFIX) else None
+                self.enqueue(payload, completion, ttl, msg_id=msg_id)
+            return
+        held.fromlist(list(ids))
+        self._data.extend(payloads)
+        if ids[-1] >= self.next_id:
+            self.next_id = ids[-1] + 1
+        self.depth += count
+        self.bytes += sum(map(len, payloads))
+        self.stats["enqueued"] += count
+        for observer in self._enqueue_observers:
+            for msg_id, payload in zip(ids, payloads):
+                observer.enqueued(self, msg_id, payload, completion)
+        self._arrived()
 
     def enqueue_run(self, payloads: list[bytes]) -> None:
         """``enqueue`` for many messages with no completion or TTL, under new ids, in one step.

@@ -22,7 +22,7 @@ from proton import Condition, Link, Session, Terminus
 
 import structlog
 
-from hastandby.broker import lineage, sections
+from hastandby.broker import lineage
 from hastandby.broker.completion import Completion
 from hastandby.broker.links import accept, delivery_tag, pn_link_flow, take_deliveries, take_whole
 from hastandby.broker.queue import Queue
@@ -142,11 +142,7 @@ class QueueReplicator:
         the journal holds it until durable messages are on disk, else it completes at once)."""
         ids, payloads = decode_batch(data)
         completion = Completion(self._accept, delivery, self._not_stored)
-        enqueue = self.queue.enqueue
-        header_ttl, header_prefix = sections.header_ttl, sections.HEADER_PREFIX
-        for msg_id, payload in zip(ids, payloads):
-            ttl = header_ttl(payload) if payload.startswith(header_prefix) else None
-            enqueue(payload, completion, ttl, msg_id=msg_id)
+        self.queue.enqueue_replicated(ids, payloads, completion)
         self.received += len(ids)
         completion.release()
 

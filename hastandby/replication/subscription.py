@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from itertools import islice
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import structlog
 from proton import Link
