@@ -143,3 +143,23 @@ def test_skip_all_releases_exactly_the_held_messages_in_the_set():
         guard.skip_all(IdSet.from_ids([ids[token] for token in pick] + extra))
         assert producer.accepted == list(pick)
         assert guard.pending == 3
+
+
+def test_guards_of_one_queue_share_one_observer_and_each_holds_from_its_first_id():
+    """QueueGuards holds a message for exactly the guards whose first id it reaches."""
+    from hastandby.replication.guard import QueueGuards
+
+    queue, producer = make_queue(), Producer()
+    early = QueueGuard(queue)
+    first = producer.send(queue, "a")  # before ``late``: catch-up's, not late's to hold
+    late = QueueGuard(queue)
+    assert [o for o in queue.observers if isinstance(o, QueueGuards)] == [QueueGuards.of(queue)]
+    assert early.is_guarded(first) and not late.is_guarded(first)
+    second = producer.send(queue, "b")
+    early.complete_all([first, second])
+    assert producer.accepted == ["a"]
+    late.complete_all([second])
+    assert producer.accepted == ["a", "b"]
+    early.cancel()
+    late.cancel()
+    assert not any(isinstance(o, QueueGuards) for o in queue.observers)
