@@ -200,7 +200,7 @@ class OutgoingLink:
         settled = self.presettled or self.browsing
         size = len(data)
         if self.presettled:
-            lib.pn_delivery_settle(delivery)
+            pn_delivery_settle(delivery)
             if not self.browsing:
                 queue.acknowledge(msg_id)
         elif not self.browsing:
@@ -240,17 +240,17 @@ class OutgoingLink:
 
     def on_delivery(self, delivery: Any) -> None:
         """The client settled or updated a delivery: ack, reject or release it."""
-        state = lib.pn_delivery_remote_state(delivery)
-        settled = lib.pn_delivery_settled(delivery)
+        state = pn_delivery_remote_state(delivery)
+        settled = pn_delivery_settled(delivery)
         if self.browsing:
             if settled or state:
-                lib.pn_delivery_settle(delivery)
+                pn_delivery_settle(delivery)
             return
         if state not in _OUTCOMES and not settled:
             return  # no outcome yet (e.g. a 'received' state)
         raw = pn_delivery_tag(delivery)  # ``delivery_tag`` inlined: a consumer settles every message
         tag = _unpack(raw.start, raw.size) if raw.size else b""
-        lib.pn_delivery_settle(delivery)
+        pn_delivery_settle(delivery)
         size = self.unsettled.pop(tag, None)
         if size is None:
             return  # not one of ours (a peer's transfer on our sending link: a protocol error), or settled already
@@ -343,7 +343,9 @@ class IncomingLink:
     def on_delivery(self, delivery: Any) -> None:
         """Every complete delivery from the link's current one on, whichever ``delivery`` the event names
         (``take_deliveries``)."""
-        if not self.closed:
+        # The first event of a pass took every complete delivery: the link has no current one
+        # for the events after it (a C call here, not a Python one each).
+        if not self.closed and pn_link_current(self._impl):
             take_deliveries(self._impl, self._take)
 
     def _take(self, delivery: Any) -> bool:

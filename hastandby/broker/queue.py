@@ -568,10 +568,11 @@ class Queue:
 
     def acknowledge(self, msg_id: int) -> None:
         """The consumer accepted an acquired message: it leaves the queue."""
-        self._acquired.pop(msg_id, None)
         index = self._index(msg_id)  # ``dequeue`` inlined: a consumer acknowledges every message
         if index is not None:
-            self._remove(index, "consumed")
+            self._remove(index, "consumed")  # which lets go of the acquisition too
+        else:
+            self._acquired.pop(msg_id, None)
 
     def acknowledge_many(self, ids: Sequence[int]) -> None:
         """``acknowledge`` for ascending ``ids`` (acquired, or browsed by a DR tap's link):
