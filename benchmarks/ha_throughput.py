@@ -385,6 +385,11 @@ def _interrupt_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, _interrupt)
 
 
+def _short(commit: str | None) -> str:
+    """A tree's commit, short; a tree unpacked with ``git archive`` is no repository and has none."""
+    return commit[:7] if commit else "an unversioned tree"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ha_throughput", description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=100_000)
@@ -419,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
               "the messages not durable; alternating baseline and current runs", flush=True)
     elif baseline:
         info = trees_at_start["baseline"]
-        print(f"baseline: {baseline.root} at {info['commit'][:7]} "
+        print(f"baseline: {baseline.root} at {_short(info['commit'])} "
               f"({'with' if baseline.authenticated else 'WITHOUT'} authentication), against current "
               f"{trees_at_start['current']['commit'][:7]} (authentication required); "
               f"alternating baseline and current runs", flush=True)
@@ -456,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if baseline:
         baseline_summary = summarize(results, "baseline")
-        print_summary(baseline_summary, f"baseline {trees_at_start['baseline']['commit'][:7]} "
+        print_summary(baseline_summary, f"baseline {_short(trees_at_start['baseline']['commit'])} "
                                         f"({'with' if baseline.authenticated else 'without'} authentication): ")
         print_summary(summary, f"current {trees_at_start['current']['commit'][:7]} (authentication required"
                                f"{', a journal, durable queues' if current.journal else ''}): ")
