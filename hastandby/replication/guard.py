@@ -119,6 +119,7 @@ class QueueGuards:
             return
         guards = self.guards
         # A guard made after the message's id (its first_id) does not hold it: catch-up covers it.
+        # Guards join in order of first_id (a queue's next_id only grows): the newest has the highest.
         holding = guards if msg_id >= guards[-1].first_id else [g for g in guards if msg_id >= g.first_id]
         completion.hold(len(holding))
         for guard in holding:
@@ -126,7 +127,7 @@ class QueueGuards:
 
     def dequeued(self, queue: Queue, msg_id: int, reason: str) -> None:
         """Consumed (or dropped) here before a backup had it: no backup need have it."""
-        for guard in self.guards:
+        for guard in self.guards:  # ``QueueGuard._release`` inlined: a call less per guard per dequeue
             completion = guard._held.pop(msg_id, None)
             if completion is not None:
                 completion.release()
