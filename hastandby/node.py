@@ -234,6 +234,8 @@ class Node:
             return None
         return {"sync": journal.sync, "term": journal.term, "writing": journal.full is None, "error": journal.full,
                 "recovered_messages": self.recovered.messages, "clean_shutdown": self.recovered.clean,
+                "torn_bytes": self.recovered.torn_bytes, "damaged": journal.damage or None,
+                "found_damaged": self.recovered.damaged,
                 "file_bytes": journal.file_bytes, **journal.stats}
 
     # -- running -------------------------------------------------------------------

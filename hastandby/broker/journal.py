@@ -25,18 +25,31 @@ alone loses nothing).
 At start the node reads the journal back (``recover``): the durable queues
 (declared again from the durable wiring, under their uuids) get their
 messages under their replication ids and their lineage, so a restarted
-backup offers what it holds and catches up incrementally.  A torn or corrupt
-tail is cut off at the last whole record, with a log line.  The file is
+backup offers what it holds and catches up incrementally.  A torn tail (a
+crash in the middle of the last write, nothing of which was acknowledged) is
+cut off at the last whole record, with a log line.  **Damage** is not a tail:
+a record that is not intact with intact records after it, or below the bytes
+the checkpoint (``journal_files.py``) says were on disk.  Nothing intact is
+cut: the damaged file is kept aside (quarantined), what it lost is written to
+``journal.damaged.json`` and logged as an error, and the node *lacks data*
+(``Journal.damage``) until it has caught up from a healthy primary or an
+operator accepts the loss: it is not elected meanwhile.  The file is
 rewritten with only the live messages (compaction) whenever it has grown
 past ``COMPACT_FACTOR`` times the live data (and at least ``COMPACT_MIN``
 bytes): at start, before anyone is served, and in the background while the
 node runs.  Otherwise a start appends to it, beginning with an ``OPEN``
 record and each durable queue's lineage.
 
-A failed write (a full disk) fails the held messages: their producers get
-``amqp:resource-limit-exceeded`` and the messages leave the queues, since
-nothing may be acknowledged that is not on disk; until a write succeeds
-again, durable messages for durable queues are refused at once.
+A failed write (a full disk, a read-only or failing one) fails the held
+messages: their producers get ``amqp:resource-limit-exceeded`` and the
+messages leave the queues, since nothing may be acknowledged that is not on
+disk; durable messages for durable queues are then refused at once until a
+*probe* works: a file of real size (twice the write that failed, at least
+``PROBE_MIN``) written and fsynced beside the journal, then a record appended
+to it.  A smaller write that happens to fit again does not lift the refusal,
+so producers do not get refusals and acceptances by turns.  ``on_writing``
+observers hear each change (an HA backup leaves its primary while it cannot
+store).
 """
 
 from __future__ import annotations
@@ -55,6 +68,7 @@ from typing import Any, Callable, Iterator
 
 import structlog
 
+from . import journal_files as files
 from . import journal_format as jf
 from . import lineage as lineages
 from . import sections
@@ -73,6 +87,9 @@ COMPACT_FACTOR = 3  # the file is rewritten once it holds this many times the li
 COMPACT_MIN = 64 << 20  # ... and at least this many bytes
 RUN_MESSAGES = 10_000  # most messages in one enqueue-run record
 PROBE_INTERVAL = 1.0  # seconds between write attempts while the disk is full
+PROBE_MIN = 256 << 10  # the smallest probe of a disk that failed a write: room for a pass of messages
+PROBE_MAX = 64 << 20
+CHECKPOINT_INTERVAL = 1.0  # seconds: the checkpoint of bytes on disk trails the journal by at most this
 
 
 @dataclass
@@ -83,16 +100,18 @@ class Recovered:
     queues: int = 0
     orphans: int = 0  # messages of queues the durable wiring no longer has
     term: int = 0  # the highest term recorded
-    clean: bool = False  # the last run ended with a clean shutdown
-    torn_bytes: int = 0  # cut off the end (a crash in the middle of a write, or damage)
+    clean: bool = False  # the last run ended with a clean shutdown (the checkpoint says so, or its CLOSE record)
+    torn_bytes: int = 0  # cut off the end (a crash in the middle of a write)
+    damaged: dict[str, Any] | None = None  # what this start found damaged (journal.damaged.json's new entry)
 
 
 @dataclass
 class _Job:
     data: bytes
     held: list[tuple[Completion, Queue, int]] = field(default_factory=list)
-    compact: "Callable[[], bytes] | None" = None  # builds a whole new file on the writer thread
+    compact: "Callable[[], tuple[bytes, str]] | None" = None  # builds a whole new file (and its token)
     size: int = 0  # the file's size after this job (set by the writer)
+    probe: int = 0  # bytes of room to prove before this job's data (while writes fail)
 
 
 Snapshot = list[tuple[int, str, str, list[Any], Any, list[Any], IdSet, dict[int, float], dict[int, int],
@@ -138,6 +157,14 @@ class Journal:
         self._schedule = schedule
         self.term = 0
         self.full: str | None = None  # why writing failed; durable messages are refused meanwhile
+        self.on_writing: list[Callable[[str | None], None]] = []  # told why writes fail, then None once they work
+        self.damage: list[dict[str, Any]] = []  # what damage took that this node has not recovered (empty: none)
+        self._probe_bytes = PROBE_MIN
+        self._token = ""  # the file's token (its first OPEN record's), named by the checkpoint
+        self._checkpointed = (0.0, "", -1)  # (when, token, bytes) of the last checkpoint the writer wrote
+        self._closed_on_disk = False  # the writer's last append ended with a CLOSE record
+        self._checkpoint_failed = False
+        self._synced = 0  # the file's bytes known to be on disk (the writer's last fsync)
         self._numbers: dict[str, int] = {}  # queue uuid -> its number in the file (kept across compactions)
         self._journaled: dict[Queue, IdSet] = {}  # the durable queues followed, and their ids on disk
         self._holding: set[Queue] = set()  # the queues whose ids on disk are not empty
@@ -163,10 +190,12 @@ class Journal:
 
         The file is rewritten with only the live messages (compacted) when it
         holds more than ``COMPACT_FACTOR`` times the live data, the rule the
-        running node follows too; otherwise it is cut after its last whole
-        record and appended to.  Rewriting a million live messages at every
-        start (a write and an fsync of the whole file) was a third of a
-        restarted backup's time to ready (benchmarks/catchup.py).
+        running node follows too, when it was damaged, and when an earlier
+        writer left it without a token for the checkpoint to name; otherwise it
+        is cut after its last whole record and appended to.  Rewriting a
+        million live messages at every start (a write and an fsync of the whole
+        file) was a third of a restarted backup's time to ready
+        (benchmarks/catchup.py).
 
         Runs before the node serves anyone; nothing else touches the queues yet.
         """
@@ -177,6 +206,11 @@ class Journal:
         lineage_of: dict[str, list[Any]] = {}
         result = jf.Read()
         existed = self.path.exists()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        checkpoint = files.read_checkpoint(self.path.parent)
+        token: str | None = None  # the file's, from its first record
+        last_kind = 0
+        seen = 0
 
         ttls_in_records = False  # the file's current writer puts ttls in EXPIRY records (format 2)
 
@@ -189,7 +223,8 @@ class Journal:
         if existed:
             with _mapped(self.path) as data, closing(jf.read_records(data, result)) as records:
                 for kind, body in records:
-                    report.clean = kind == jf.CLOSE
+                    last_kind = kind
+                    seen += 1
                     if kind == jf.ENQUEUE_RUN:
                         held = replay(body[0])
                         held.enqueue(body[1], body[2])
@@ -208,7 +243,9 @@ class Journal:
                     elif kind in (jf.OPEN, jf.TERM):
                         report.term = max(report.term, int(body.get("term", 0)))
                         if kind == jf.OPEN:
-                            ttls_in_records = body.get("format", 1) >= jf.FORMAT
+                            ttls_in_records = body.get("format", 1) >= 2
+                            if seen == 1 and not result.damaged:  # the file's first record names it
+                                token = str(body.get("file") or "") or None
                     elif kind == jf.QUEUE:
                         uuids[body[0]] = str(body[1]["uuid"])
                         by_number[body[0]] = replays.setdefault(uuids[body[0]], QueueReplay())
@@ -216,9 +253,17 @@ class Journal:
                         replay(body[0]).dequeue(body[1])
                     elif kind == jf.LINEAGE:
                         lineage_of[uuids.get(body[0], "")] = body[1]
-            report.torn_bytes = self.path.stat().st_size - result.valid_bytes
-            if result.torn:
-                log.warning("journal tail cut off: a crash in the middle of a write, or damage",
+                report.damaged = self._damage_found(data, result, checkpoint if checkpoint is not None
+                                                    and token is not None and checkpoint.file == token else None)
+            size = self.path.stat().st_size
+            matched = checkpoint is not None and token is not None and checkpoint.file == token
+            if matched and checkpoint is not None:  # the checkpoint says how the last run ended, damage or not
+                report.clean = checkpoint.clean and checkpoint.bytes == size
+            else:  # no checkpoint of this file (an earlier writer's, or its own is damaged): its last record
+                report.clean = last_kind == jf.CLOSE and not result.torn and report.damaged is None
+            if result.torn and report.damaged is None:
+                report.torn_bytes = size - result.valid_bytes
+                log.warning("journal tail cut off: a crash in the middle of a write (nothing in it was acknowledged)",
                             path=str(self.path), kept_bytes=result.valid_bytes, cut_bytes=report.torn_bytes)
         by_uuid = {q.uuid: q for q in self.registry.queues.values() if q.settings.durable}
         for uuid, wire in lineage_of.items():
@@ -243,23 +288,97 @@ class Journal:
         for queue in by_uuid.values():
             self._journaled.setdefault(queue, IdSet())  # its restart epoch goes on disk with the others'
         self.term = report.term
+        if report.damaged is not None:
+            self._keep_damaged(report.damaged)
+        self.damage = files.read_damage(self.path.parent)
         self._begin_restart_epochs(by_uuid.values())
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        compact = not existed or result.valid_bytes > max(COMPACT_MIN, COMPACT_FACTOR * self._live_bytes())
+        if checkpoint is not None and checkpoint.clean:  # from here on the file changes: no longer a clean stop
+            self._write_checkpoint(files.Checkpoint(checkpoint.file, min(checkpoint.bytes, result.valid_bytes)))
+        self._token = token or ""
+        compact = (not existed or token is None or report.damaged is not None
+                   or result.valid_bytes > max(COMPACT_MIN, COMPACT_FACTOR * self._live_bytes()))
         if not compact:
             self._numbers = {uuid: number for number, uuid in uuids.items()}
             self._continue_file(result.valid_bytes)
         else:
             try:
-                self._replace_file(self._encode(self._snapshot()))
+                self._replace_file(*self._encode(self._snapshot()))
             except OSError as error:
-                self._keep_uncompacted(result.valid_bytes, error)
+                self._keep_uncompacted(result.valid_bytes, error, cut=report.damaged is None)
         self._buffer.clear()
         self._written = self.path.stat().st_size
+        if self.full is None and self.sync != "off":
+            self._write_checkpoint(files.Checkpoint(self._token, self._written))
         log.info("journal recovered", path=str(self.path), messages=report.messages, queues=report.queues,
                  term=report.term, clean_shutdown=report.clean, orphans=report.orphans,
-                 file_bytes=self._written, compacted=compact)
+                 file_bytes=self._written, compacted=compact, damaged=bool(report.damaged),
+                 lacks_data=bool(self.damage))
         return report
+
+    def _damage_found(self, data: jf.Buffer, result: jf.Read,
+                      checkpoint: files.Checkpoint | None) -> dict[str, Any] | None:
+        """What the read found damaged, as ``journal.damaged.json`` keeps it (None: nothing).
+
+        Damage is a stretch skipped between intact records, and, with a checkpoint of this file, a record
+        that is not intact below the bytes it says were on disk (the last records damaged, not torn) or a
+        file shorter than those bytes.
+        """
+        size = len(data)
+        ranges = [(start, stop, jf.describe(data, start, stop)) for start, stop in result.damaged]
+        synced = checkpoint.bytes if checkpoint is not None else 0
+        if result.torn and result.valid_bytes < min(synced, size):
+            ranges.append((result.valid_bytes, size, jf.describe(data, result.valid_bytes, size)
+                           + ", at the end of the file, below the bytes known to be on disk"))
+        if size < synced:
+            ranges.append((size, synced, f"the file ends {synced - size} bytes short of what was on disk"))
+        if not ranges:
+            return None
+        return {"found": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "journal_bytes": size,
+                "lost_bytes": sum(stop - start for start, stop, _ in ranges),
+                "ranges": [{"offset": start, "bytes": stop - start, "what": what} for start, stop, what in ranges]}
+
+    def _keep_damaged(self, incident: dict[str, Any]) -> None:
+        """Keep the damaged file aside, record what it lost, and say so: the node lacks data from now on."""
+        incident["file"] = str(files.quarantine(self.path))
+        files.write_damage(self.path.parent, [*files.read_damage(self.path.parent), incident])
+        log.error("journal damaged: records that were on disk are lost on this node; the file is kept aside. "
+                  "The node lacks data until it has caught up from a healthy primary, and is not elected meanwhile",
+                  path=str(self.path), quarantined=incident["file"], lost_bytes=incident["lost_bytes"],
+                  ranges=incident["ranges"], record=str(self.path.parent / files.DAMAGE))
+
+    def damage_summary(self) -> str | None:
+        """One line for the operator: what this node lacks, and where the damaged files are (None: nothing)."""
+        if not self.damage:
+            return None
+        lost = sum(int(entry.get("lost_bytes", 0)) for entry in self.damage)
+        kept = ", ".join(str(entry.get("file")) for entry in self.damage)
+        return f"{lost} bytes of journal records lost to damage, the damaged file kept as {kept}"
+
+    def repaired(self, how: str) -> None:
+        """This node holds everything again (``how``: caught up from a primary, or an operator accepted the
+        loss): it no longer lacks data.  The quarantined files stay for the operator."""
+        if not self.damage:
+            return
+        files.clear_damage(self.path.parent)
+        log.warning("journal damage no longer counts: this node holds everything again", how=how,
+                    quarantined=[entry.get("file") for entry in self.damage])
+        self.damage = []
+
+    def _write_checkpoint(self, checkpoint: files.Checkpoint) -> None:
+        try:
+            files.write_checkpoint(self.path.parent, checkpoint)
+        except OSError as error:  # the disk fails: the appends say so; a stale checkpoint only claims less
+            if not self._checkpoint_failed:
+                log.warning("journal checkpoint not written (tried again every second, quietly)",
+                            error=os.strerror(error.errno) if error.errno else str(error))
+            self._checkpoint_failed = True
+            when, token, size = self._checkpointed
+            self._checkpointed = (time.monotonic(), token, size)  # the next try in CHECKPOINT_INTERVAL
+            return
+        if self._checkpoint_failed:
+            log.info("journal checkpoint written again")
+        self._checkpoint_failed = False
+        self._checkpointed = (time.monotonic(), checkpoint.file, checkpoint.bytes)
 
     def start(self) -> None:
         """Follow the durable queues and start the writer thread (after ``recover``)."""
@@ -272,17 +391,28 @@ class Journal:
             self._refuse_durable(self.full)
 
     def close(self) -> None:
-        """A clean shutdown: what is buffered, then the CLOSE record, on disk before this returns."""
+        """A clean shutdown: what is buffered, then the CLOSE record, on disk before this returns, and the
+        checkpoint saying so (kept apart from the journal, so that damage to the journal cannot erase it)."""
         if self._thread is None:
             return
         self._add(jf.close_record())
         self._flush()
         self._jobs.put(None)
         self._thread.join(30)
+        if self._thread.is_alive():
+            return  # the writer hangs on a failing disk: no clean stop to record
         self._thread = None
         if self._fd is not None:
+            closed = self._closed_on_disk  # the CLOSE record was the last thing the writer appended
+            try:
+                os.fsync(self._fd)  # (done already unless --journal-sync off)
+                size = os.fstat(self._fd).st_size
+            except OSError:
+                closed = False
             os.close(self._fd)
             self._fd = None
+            if closed:
+                self._write_checkpoint(files.Checkpoint(self._token, size, clean=True))
 
     # -- following the queues (reactor thread) ------------------------------------------------
 
@@ -332,12 +462,23 @@ class Journal:
         if self.admit not in self.registry.admission_checks:
             self.registry.admission_checks.append(self.admit)
             self._schedule(PROBE_INTERVAL, self._probe)
-        self.full = reason
+        changed, self.full = self.full != reason, reason
+        if changed:
+            self._tell_writing(reason)
 
     def _writes_again(self) -> None:
-        log.info("journal writes again: durable messages are taken again")
+        log.info("journal writes again: durable messages are taken again", proved_bytes=self._probe_bytes)
         self.full = None
+        self._probe_bytes = PROBE_MIN
         self.registry.admission_checks.remove(self.admit)
+        self._tell_writing(None)
+
+    def _tell_writing(self, reason: str | None) -> None:
+        for fn in self.on_writing:
+            try:
+                fn(reason)
+            except Exception:  # an observer's bug must not stop the journal's own refusal
+                log.exception("journal writing observer failed")
 
     def admit(self, targets: list[Queue], data: bytes) -> None:
         """Before routing, while writes fail: a durable message for a durable queue is refused at once."""
@@ -439,13 +580,14 @@ class Journal:
             self._flush_pending = True
             self._after_events(self._flush)
 
-    def _flush(self) -> None:
-        """One pass of events' records to the writer thread, with the completions waiting on them."""
+    def _flush(self, probe: int = 0) -> None:
+        """One pass of events' records to the writer thread, with the completions waiting on them (``probe``:
+        bytes of room the writer proves first, while writes fail)."""
         self._flush_pending = False
         self._end_runs()
         if not self._buffer:
             return
-        self._jobs.put(_Job(bytes(self._buffer), self._held))
+        self._jobs.put(_Job(bytes(self._buffer), self._held, probe=probe))
         self._buffer = bytearray()
         self._held = []
         if not self._compacting and self._written > max(COMPACT_MIN, COMPACT_FACTOR * self._live_bytes()):
@@ -460,11 +602,23 @@ class Journal:
         return sum(q.bytes for q in self._journaled)
 
     def _write_loop(self) -> None:
-        """Take jobs in order; appends queued while the previous fsync ran go together (one write, one fsync)."""
+        """Take jobs in order; appends queued while the previous fsync ran go together (one write, one fsync).
+        The checkpoint follows what is on disk at most ``CHECKPOINT_INTERVAL`` behind."""
         jobs = self._jobs
         carried: list[_Job | None] = []  # a stop or a compaction met while gathering appends: next
         while True:
-            job = carried.pop() if carried else jobs.get()
+            if carried:
+                job = carried.pop()
+            else:
+                due = self._checkpoint_due()
+                if due == 0.0:  # due now, even while appends keep coming
+                    self._checkpoint_now()
+                    due = None
+                try:
+                    job = jobs.get(timeout=due)
+                except queues.Empty:
+                    self._checkpoint_now()
+                    continue
             if job is None:
                 return
             group = [job]
@@ -480,9 +634,15 @@ class Journal:
             error: OSError | None = None
             try:
                 if job.compact is not None:
-                    self._replace_file(job.compact())
+                    self._replace_file(*job.compact())
                 else:
-                    self._append(b"".join(each.data for each in group) if len(group) > 1 else job.data)
+                    probe = max(each.probe for each in group)
+                    if probe:
+                        self._prove_room(probe)
+                    data = b"".join(each.data for each in group) if len(group) > 1 else job.data
+                    self._closed_on_disk = False
+                    self._append(data)
+                    self._closed_on_disk = data.endswith(_CLOSE)
                 size = os.fstat(self._fd).st_size if self._fd is not None else 0
                 for each in group:
                     each.size = size
@@ -490,6 +650,34 @@ class Journal:
                 error = failure
             for each in group:
                 self._call_soon_threadsafe(lambda job=each, error=error: self._done(job, error))
+            if error is None and job.compact is not None:
+                self._checkpoint_now()  # the new file, at once: the old checkpoint names the old one
+
+    def _checkpoint_due(self) -> float | None:
+        """Seconds until the checkpoint should follow the file (None: it does already, or nothing is fsynced)."""
+        when, token, size = self._checkpointed
+        if self.sync == "off" or self._fd is None or (token, size) == (self._token, self._synced):
+            return None
+        return max(0.0, when + CHECKPOINT_INTERVAL - time.monotonic())
+
+    def _checkpoint_now(self) -> None:
+        if self.sync != "off" and self._fd is not None:
+            self._write_checkpoint(files.Checkpoint(self._token, self._synced))
+
+    def _prove_room(self, size: int) -> None:
+        """Writes failed: the disk must take ``size`` bytes (written and fsynced beside the journal, then
+        removed) before they are tried again, not only the next small record."""
+        path = self.path.with_name("journal.probe")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            block = bytes(min(size, 1 << 20))
+            written = 0
+            while written < size:
+                written += os.write(fd, block[:size - written])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            path.unlink(missing_ok=True)
 
     def _append(self, data: bytes) -> None:
         if self._fd is None:
@@ -506,6 +694,8 @@ class Journal:
             # A record cut by a full disk would hide every later one from recovery: cut it off (no space needed).
             os.ftruncate(fd, start)
             raise
+        if self.sync != "off":
+            self._synced = start + len(data)
         stats = self.stats
         stats["writes"] += 1
         stats["bytes_written"] += len(data)
@@ -520,7 +710,7 @@ class Journal:
                 log.info("journal compacted", file_bytes=job.size)
         if error is None:
             self._written = job.size
-            if self.full is not None:
+            if self.full is not None and job.probe:
                 self._writes_again()
             for completion, _, _ in job.held:
                 completion.release()
@@ -529,6 +719,7 @@ class Journal:
         if self.full is None:
             log.error("journal write failed: durable messages are refused until it works again",
                       error=reason, disk_full=error.errno == errno.ENOSPC)
+        self._probe_bytes = min(PROBE_MAX, max(self._probe_bytes, PROBE_MIN, 2 * len(job.data)))
         self._refuse_durable(reason)
         failure = ResourceLimitExceeded(f"the journal cannot write ({reason}): message not taken")
         for completion, queue, msg_id in job.held:
@@ -540,7 +731,7 @@ class Journal:
         if self.full is None or self._thread is None:
             return
         self._add(jf.term_record(self.term))
-        self._flush()
+        self._flush(probe=self._probe_bytes)
         self._schedule(PROBE_INTERVAL, self._probe)
 
     # -- compaction -----------------------------------------------------------------------------------
@@ -563,8 +754,10 @@ class Journal:
         return [(self._number(q), q.uuid, q.name, lineages.to_wire(q.lineage), q._ids[:], q._data[:], ids.copy(),
                  q.deadlines(), q.delivery_counts(), _durable_message_ids(q)) for q, ids in self._journaled.items()]
 
-    def _encode(self, snapshot: Snapshot) -> bytes:
-        parts = [jf.open_record(self.node_id, self.term)]
+    def _encode(self, snapshot: Snapshot) -> tuple[bytes, str]:
+        """A whole new file of ``snapshot``, and the token its first record gives it."""
+        token = uuidlib.uuid4().hex
+        parts = [jf.open_record(self.node_id, self.term, file=token)]
         now = time.monotonic()
         for number, uuid, name, wire, ids, payloads, journaled, deadlines, counts, message_ids in snapshot:
             parts.append(jf.queue_record(number, uuid, name))
@@ -582,7 +775,7 @@ class Journal:
                     parts.append(jf.counts_record(number, failed))
             for at in range(0, len(message_ids), RUN_MESSAGES):
                 parts.append(jf.message_ids_record(number, message_ids[at:at + RUN_MESSAGES]))
-        return b"".join(parts)
+        return b"".join(parts), token
 
     def _begin_restart_epochs(self, queues: Any) -> None:
         """Ids given out from now on belong to an epoch of this run (``lineage.py``).
@@ -616,18 +809,19 @@ class Journal:
             self._fd = None
             self._keep_uncompacted(valid_bytes, error)
 
-    def _keep_uncompacted(self, valid_bytes: int, error: OSError) -> None:
-        """Recovery could not rewrite the file (a full disk): keep it as it is, without its torn tail, and
-        refuse durable messages until a write works; a node that cannot compact must still start."""
+    def _keep_uncompacted(self, valid_bytes: int, error: OSError, cut: bool = True) -> None:
+        """Recovery could not rewrite the file (a full disk): keep it as it is, without its torn tail (not
+        ``cut`` when damaged: the quarantined copy is the same file), and refuse durable messages until a
+        write works; a node that cannot compact must still start."""
         self.path.with_name("journal.compacting").unlink(missing_ok=True)
-        if self.path.exists():
+        if self.path.exists() and cut:
             os.truncate(self.path, valid_bytes)  # needs no space
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self.full = os.strerror(error.errno) if error.errno else str(error)
         log.error("journal not compacted at start: durable messages are refused until a write works",
                   error=self.full, disk_full=error.errno == errno.ENOSPC)
 
-    def _replace_file(self, data: bytes) -> None:
+    def _replace_file(self, data: bytes, token: str) -> None:
         temporary = self.path.with_name("journal.compacting")
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
@@ -646,7 +840,11 @@ class Journal:
         if self._fd is not None:
             os.close(self._fd)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND, 0o600)
+        self._token, self._synced = token, len(data)
 
+
+
+_CLOSE = jf.close_record()
 
 
 def _header_ttls(ids: list[int], payloads: list[bytes]) -> list[tuple[int, int]]:

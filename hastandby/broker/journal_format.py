@@ -1,19 +1,31 @@
-"""The journal's file format: checksummed records, appended; a torn or corrupt tail is cut off.
+"""The journal's file format: checksummed records, appended; a torn tail is cut off, damage is skipped.
 
 Each record is ``length (u32) | crc32 of type and body (u32) | type (u8) | body``,
-little-endian, with ``length`` counting the type byte and the body.  A reader
-stops at the first record that is incomplete or whose checksum fails (a
-crash in the middle of a write, or a corrupt tail): everything before it is
-what the journal holds, and the node cuts the file there with a log line
-instead of refusing to start.
+little-endian, with ``length`` counting the type byte and the body.
+
+A record that is incomplete or whose checksum fails is either a **torn tail**
+(a crash in the middle of the last write: nothing intact follows it, and
+nothing in it was acknowledged) or **damage** (bit rot, a bad sector, a
+stray write: intact records follow it).  The reader tells them apart by
+looking for the next intact record (``_resync``): first where the bad
+record's own length says the next one starts (damage inside a record's body,
+by far the most bytes), then by a scan for a plausible record head whose
+checksum holds and whose successor is intact too (damage to a length).  A
+tail is reported as ``Read.torn`` and may be cut; damage is reported as
+``Read.damaged`` byte ranges, and the records after it are read on: nothing
+intact is ever cut.  (A journal whose last records are damaged looks like a
+torn tail to this reader; ``journal.py``'s checkpoint of the bytes known to
+be on disk tells those apart.)
 
 Record types and bodies:
 
-- ``OPEN``: JSON ``{"node": id, "term": n, "format": 2}``, first in every
-  file written and first of every run that appends to a file.  ``format`` 2
-  writers follow each enqueue run that has messages with a ttl by an
-  ``EXPIRY`` record; the runs of an earlier writer (no ``format``) carry their
-  ttls only in the messages' headers;
+- ``OPEN``: JSON ``{"node": id, "term": n, "format": 3, "file": token}``,
+  first in every file written and first of every run that appends to a
+  file.  ``format`` 2 and later writers follow each enqueue run that has
+  messages with a ttl by an ``EXPIRY`` record; the runs of an earlier writer
+  (no ``format``) carry their ttls only in the messages' headers.  ``format``
+  3 writers give each file a random ``file`` token in its first ``OPEN``
+  record, which names the file in the checkpoint beside it (``journal.py``);
 - ``QUEUE``: u32 number, then JSON ``{"uuid", "name"}`` (later records name
   the queue by number);
 - ``ENQUEUE_RUN``: u32 queue number, u32 count, then count u64 replication
@@ -54,12 +66,16 @@ import struct
 import sys
 import zlib
 from array import array
+import re
 from itertools import accumulate
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Union
 
 OPEN, QUEUE, ENQUEUE, DEQUEUE, LINEAGE, TERM, CLOSE, ENQUEUE_RUN, EXPIRY, COUNTS, MESSAGE_IDS = range(1, 12)
-FORMAT = 2  # in OPEN records: this writer follows runs with EXPIRY records
+FORMAT = 3  # in OPEN records: runs are followed by EXPIRY records (2), a file's first OPEN names it (3)
+KINDS = range(OPEN, MESSAGE_IDS + 1)
+NAMES = {OPEN: "open", QUEUE: "queue", ENQUEUE: "enqueue", DEQUEUE: "dequeue", LINEAGE: "lineage", TERM: "term",
+         CLOSE: "close", ENQUEUE_RUN: "enqueue run", EXPIRY: "expiry", COUNTS: "counts", MESSAGE_IDS: "message ids"}
 _HEAD = struct.Struct("<IIB")
 _NUMBER = struct.Struct("<I")
 _ENQUEUE = struct.Struct("<IQ")
@@ -78,8 +94,12 @@ def record(kind: int, body: bytes) -> bytes:
     return _HEAD.pack(len(typed), zlib.crc32(typed), kind) + body
 
 
-def open_record(node: str, term: int) -> bytes:
-    return record(OPEN, json.dumps({"node": node, "term": term, "format": FORMAT}).encode())
+def open_record(node: str, term: int, file: str | None = None) -> bytes:
+    """``file``: the token of a new file (its first record), None for a run appending to a file."""
+    fields: dict[str, Any] = {"node": node, "term": term, "format": FORMAT}
+    if file is not None:
+        fields["file"] = file
+    return record(OPEN, json.dumps(fields).encode())
 
 
 def queue_record(number: int, uuid: str, name: str) -> bytes:
@@ -143,15 +163,16 @@ def close_record() -> bytes:
 
 @dataclass
 class Read:
-    """What a reader found: the records' decoded contents, and where the good part ends."""
+    """What a reader found beside the records: where the intact part ends, and what was not intact."""
 
-    valid_bytes: int = 0
-    torn: bool = False  # something after valid_bytes was not a whole, intact record
+    valid_bytes: int = 0  # the end of the last intact record
+    torn: bool = False  # the bytes after valid_bytes are not a whole, intact record, and nothing intact follows
+    damaged: list[tuple[int, int]] = field(default_factory=list)  # [start, end) ranges skipped between intact records
 
 
 def read_records(data: Buffer, result: Read) -> Iterator[tuple[int, Any]]:
-    """Decoded records of ``data`` (a file's bytes, or its mmap), in order, until the end or the first damaged
-    one (``result`` says which).
+    """Decoded intact records of ``data`` (a file's bytes, or its mmap), in order, past any damage, until the
+    end or a torn tail (``result`` says which, and where damage was skipped).
 
     A restarted node reads a million messages here, so the file is walked by
     offsets: a run's ids, lengths and payloads are taken straight from
@@ -168,36 +189,117 @@ def read_records(data: Buffer, result: Read) -> Iterator[tuple[int, Any]]:
 def _walk(data: Buffer, view: memoryview, result: Read) -> Iterator[tuple[int, Any]]:
     end = len(data)
     offset = 0
-    head = _HEAD.size
+    while offset < end:
+        stop = yield from _intact_run(data, view, offset, result)
+        if stop >= end:
+            return
+        resume = _resync(data, view, stop)
+        if resume is None:
+            result.torn = True
+            return
+        result.damaged.append((stop, resume))
+        offset = resume
+
+
+def _intact_run(data: Buffer, view: memoryview, offset: int, result: Read) -> Iterator[tuple[int, Any]]:
+    """Intact records from ``offset`` on (the hot loop of a restart); returns where they stop."""
+    end = len(data)
     # An enqueue record's head and fixed fields in one unpack: most records are enqueues.
     enqueue_head, enqueue_fields = _ENQUEUE_HEAD.unpack_from, _ENQUEUE_HEAD.size
-    crc32, kind_crc = zlib.crc32, _KIND_CRC
     while offset < end:
         if end - offset >= enqueue_fields:
             length, crc, kind, number, msg_id = enqueue_head(data, offset)
-        elif end - offset >= head:
-            length, crc, kind = _HEAD.unpack_from(data, offset)
-        else:
-            result.torn = True
-            return
-        start = offset + head
-        stop = start + length - 1
-        if length < 1 or length > MAX_RECORD or stop > end or crc32(view[start:stop], kind_crc[kind]) != crc:
-            result.torn = True
-            return
-        try:
-            if kind == ENQUEUE and stop >= offset + enqueue_fields:
-                decoded: Any = (number, msg_id, data[offset + enqueue_fields:stop])
-            elif kind == ENQUEUE_RUN:
-                decoded = _decode_run(data, view, start, stop)
-            else:
-                decoded = _decode(kind, data[start:stop])
-        except (ValueError, struct.error):
-            result.torn = True
-            return
-        offset = stop
+            if kind == ENQUEUE:
+                stop = offset + _HEAD.size + length - 1
+                if 1 + _ENQUEUE.size <= length <= MAX_RECORD and stop <= end \
+                        and zlib.crc32(view[offset + _HEAD.size:stop], _KIND_CRC[kind]) == crc:
+                    payload = data[offset + enqueue_fields:stop]
+                    offset = result.valid_bytes = stop
+                    yield kind, (number, msg_id, payload)
+                    continue
+                return offset
+        found = _record_at(data, view, offset)
+        if found is None:
+            return offset
+        offset, kind, decoded = found
         result.valid_bytes = offset
         yield kind, decoded
+    return offset
+
+
+def _record_at(data: Buffer, view: memoryview, offset: int) -> tuple[int, int, Any] | None:
+    """(where it ends, type, decoded body) of an intact record at ``offset``; None if there is none."""
+    end = len(data)
+    if end - offset < _HEAD.size:
+        return None
+    length, crc, kind = _HEAD.unpack_from(data, offset)
+    start = offset + _HEAD.size
+    stop = start + length - 1
+    if length < 1 or length > MAX_RECORD or stop > end or zlib.crc32(view[start:stop], _KIND_CRC[kind]) != crc:
+        return None
+    try:
+        if kind == ENQUEUE_RUN:
+            decoded: Any = _decode_run(data, view, start, stop)
+        else:
+            decoded = _decode(kind, data[start:stop])
+    except (ValueError, struct.error):
+        return None
+    return stop, kind, decoded
+
+
+def _resync(data: Buffer, view: memoryview, bad: int) -> int | None:
+    """Where intact records start again after the record at ``bad`` that is not intact; None: nowhere (a torn
+    tail).
+
+    First where that record's own length says the next one begins: bit rot in a record's body (nearly every
+    byte of a journal) leaves its length as written.  Then a scan for a plausible head (a length that fits the
+    file, a known type) whose checksum holds and that is followed by the end of the file or by another intact
+    record: a payload can hold bytes that look like one record, hardly two in a row.
+    """
+    end = len(data)
+    if end - bad >= _HEAD.size:
+        (length,) = _NUMBER.unpack_from(data, bad)
+        following = bad + _HEAD.size + length - 1
+        if 1 <= length <= MAX_RECORD and following < end and _record_at(data, view, following) is not None:
+            return following
+    for match in _head_pattern(end).finditer(data, bad + 1):
+        candidate = match.start()
+        found = _record_at(data, view, candidate)
+        if found is not None and (found[0] == end or _record_at(data, view, found[0]) is not None):
+            return candidate
+    return None
+
+
+def _head_pattern(size: int) -> "re.Pattern[bytes]":
+    """Bytes that may begin a record in a file of ``size`` bytes: its length's high bytes no larger than the
+    file's, a known type at byte 8.  Found in C, so a scan over megabytes of payload is quick."""
+    high = min(size, MAX_RECORD) >> 16
+    top, third = high >> 8, high & 0xFF if high < 0x100 else 0xFF
+    length = rb".." + (rb"[\x00-%s]" % _byte(third) if top == 0 else rb".") + rb"[\x00-%s]" % _byte(top)
+    kind = rb"[%s-%s]" % (_byte(KINDS[0]), _byte(KINDS[-1]))
+    return re.compile(rb"(?s)(?=" + length + rb"...." + kind + rb")")  # a lookahead: heads may overlap
+
+
+def _byte(value: int) -> bytes:
+    return b"\\x%02x" % value
+
+
+def describe(data: Buffer, start: int, stop: int) -> str:
+    """What the damaged bytes ``[start, stop)`` probably held, for the operator (their head may be damaged too)."""
+    if stop - start < _HEAD.size:
+        return f"{stop - start} bytes, no whole record head"
+    length, _, kind = _HEAD.unpack_from(data, start)
+    name = NAMES.get(kind)
+    if name is None or start + _HEAD.size + length - 1 != stop:
+        return f"{stop - start} bytes of records (their heads damaged too)"
+    text = f"one {name} record of {stop - start} bytes"
+    if kind in (ENQUEUE_RUN, DEQUEUE, EXPIRY, COUNTS, MESSAGE_IDS) and length - 1 >= _RUN.size:
+        number, count = _RUN.unpack_from(data, start + _HEAD.size)
+        text += f", queue number {number}, {count} {'ranges' if kind == DEQUEUE else 'entries'} (if intact)"
+    elif kind in (ENQUEUE, LINEAGE, QUEUE) and length - 1 >= _NUMBER.size:
+        (number,) = _NUMBER.unpack_from(data, start + _HEAD.size)
+        text += f", queue number {number} (if intact)"
+    return text
 
 
 def _decode(kind: int, body: bytes) -> Any:

@@ -141,23 +141,22 @@ def test_a_torn_journal_tail_costs_only_the_torn_record(node_factory, tmp_path):
     create_durable_queue(node, "q")
     send_durable([node.url], 500)
     node.kill()
-    path = data / "journal"
-    # One pass of the node's events is one record: count what the last holds.
-    kind, body = list(jf.read_records(path.read_bytes(), jf.Read()))[-1]
-    assert kind == jf.ENQUEUE_RUN
-    kept = 500 - len(body[1])
-    size = path.stat().st_size
-    with open(path, "r+b") as file:
-        file.truncate(size - 7)  # the last record torn, as by a crash in the middle of a write
+    path = tmp_path / "data" / "journal"
+    # A crash in the middle of a write leaves what was written before it whole and the write itself torn: the
+    # first bytes of one more record (nothing in it was acknowledged: its fsync never returned).
+    torn = jf.enqueue_run_record(1, [501, 502], [b"x" * 300, b"y" * 300])
+    with open(path, "ab") as file:
+        file.write(torn[:len(torn) // 2])
     node.start()
-    wait_for(lambda: events(node, "journal tail cut off: a crash in the middle of a write, or damage"), 10,
-             "a log line about the cut tail")
+    wait_for(lambda: events(node, "journal tail cut off: a crash in the middle of a write (nothing in it was "
+                                  "acknowledged)"), 10, "a log line about the cut tail")
     depth = node.request("QUERY")["queues"]
     held = next(q["depth"] for q in depth if q["name"] == "q")
-    assert held == kept, f"{held} messages after cutting the last record ({500 - kept} messages) off 500"
-    assert journal(node)["recovered_messages"] == kept
-    receiver = drain([node.url], "q", range(1, kept + 1), time_limit=30)
-    assert not receiver.missing(range(1, kept + 1))
+    assert held == 500, f"{held} messages after cutting a torn write off 500 acknowledged"
+    assert journal(node)["recovered_messages"] == 500 and journal(node)["torn_bytes"] == len(torn) // 2
+    assert not journal(node)["damaged"], "a torn write is not damage"
+    receiver = drain([node.url], "q", range(1, 501), time_limit=30)
+    assert not receiver.missing(range(1, 501))
     # The node goes on: new durable messages are journaled after the cut.
     send_durable([node.url], 10, queue="q2_" + str(int(time.time())))
 

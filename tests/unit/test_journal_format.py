@@ -1,4 +1,4 @@
-"""Journal records: round trips, and a torn or corrupt tail cut off at the last good record."""
+"""Journal records: round trips; a torn tail cut off at the last good record; damage skipped, never cut."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def read(data: bytes) -> tuple[list, jf.Read]:
 def test_every_record_type_round_trips():
     found, result = read(records())
     assert found == [
-        (jf.OPEN, {"node": "n1", "term": 7, "format": 2}),
+        (jf.OPEN, {"node": "n1", "term": 7, "format": jf.FORMAT}),
         (jf.QUEUE, (1, {"uuid": "u-1", "name": "orders"})),
         (jf.ENQUEUE, (1, 41, b"\x00Sp\xc0\x02\x01Ahello")),
         (jf.ENQUEUE, (1, 42, b"")),
@@ -55,12 +55,64 @@ def test_a_torn_tail_is_cut_at_the_last_whole_record(cut):
     assert found[-1][0] == jf.LINEAGE
 
 
-def test_a_flipped_byte_ends_the_good_part_there():
+def test_a_flipped_byte_in_a_body_is_damage_to_that_record_alone():
     data = bytearray(records())
     first_two = len(jf.open_record("n1", 7)) + len(jf.queue_record(1, "u-1", "orders"))
+    first_enqueue = len(jf.enqueue_record(1, 41, b"\x00Sp\xc0\x02\x01Ahello"))
     data[first_two + 15] ^= 0xFF  # inside the first enqueue record's body
     found, result = read(bytes(data))
-    assert result.torn and result.valid_bytes == first_two and len(found) == 2
+    assert not result.torn and result.damaged == [(first_two, first_two + first_enqueue)]
+    assert [kind for kind, _ in found] == [jf.OPEN, jf.QUEUE, *[k for k, _ in read(records())[0][3:]]]
+    assert result.valid_bytes == len(data), "every intact record after the damage is read, none cut"
+    assert jf.describe(bytes(data), *result.damaged[0]) == f"one enqueue record of {first_enqueue} bytes, " \
+        "queue number 1 (if intact)"
+
+
+def test_a_flipped_length_is_found_past_by_a_scan_for_the_next_intact_record():
+    head = jf.open_record("n1", 7) + jf.queue_record(1, "u-1", "orders")
+    run = jf.enqueue_run_record(1, list(range(1, 201)), [b"\x00Sp\xc0\x02\x01A" + bytes([i]) * 50
+                                                         for i in range(200)])
+    tail = jf.dequeue_record(1, [(1, 5)]) + jf.term_record(9) + jf.close_record()
+    data = bytearray(head + run + tail)
+    data[len(head) + 2] ^= 0x5A  # the run's length: where the next record starts is unknown
+    found, result = read(bytes(data))
+    assert result.damaged == [(len(head), len(head) + len(run))] and not result.torn
+    assert [kind for kind, _ in found] == [jf.OPEN, jf.QUEUE, jf.DEQUEUE, jf.TERM, jf.CLOSE]
+    assert "heads damaged" in jf.describe(bytes(data), *result.damaged[0])
+
+
+def test_one_record_inside_a_payload_does_not_pass_for_where_records_start_again():
+    head = jf.open_record("n1", 7)
+    embedded = jf.dequeue_record(1, [(1, 10**6)])  # a producer's bytes that look like one record
+    run = jf.enqueue_run_record(1, [1, 2], [b"\x00" * 40 + embedded + b"\xff" * 40, b"\x01" * 30])
+    tail = jf.term_record(9) + jf.close_record()
+    data = bytearray(head + run + tail)
+    data[len(head)] ^= 0x40  # the run's length
+    found, result = read(bytes(data))
+    assert result.damaged == [(len(head), len(head) + len(run))]
+    assert [kind for kind, _ in found] == [jf.OPEN, jf.TERM, jf.CLOSE], "no dequeue made up of a payload"
+
+
+def test_several_damaged_stretches_are_each_skipped():
+    parts = [jf.open_record("n1", 7)] + [jf.enqueue_record(1, i, b"m%d" % i * 20) for i in range(1, 11)]
+    data = bytearray(b"".join(parts))
+    starts = [sum(map(len, parts[:i])) for i in range(len(parts) + 1)]
+    for index in (2, 3, 7):
+        data[starts[index] + 12] ^= 0x01  # bodies of the second, third and seventh enqueues
+    found, result = read(bytes(data))
+    assert result.damaged == [(starts[2], starts[4]), (starts[7], starts[8])]
+    assert [body[1] for kind, body in found if kind == jf.ENQUEUE] == [1, 4, 5, 6, 8, 9, 10]
+
+
+def test_damage_in_the_last_record_looks_like_a_torn_tail_to_the_reader():
+    data = bytearray(records())
+    data[-len(jf.close_record()) - 3] ^= 0xFF  # the term record, the last but one: the close record follows
+    _, result = read(bytes(data))
+    assert result.damaged and not result.torn
+    data = bytearray(records())
+    data[-1 - len(jf.close_record()) + 5] ^= 0xFF  # the close record's checksum: nothing follows it
+    _, result = read(bytes(data))
+    assert result.torn and not result.damaged  # journal.py's checkpoint tells this one from a torn write
 
 
 def test_an_absurd_length_is_a_torn_tail_not_a_huge_read():
