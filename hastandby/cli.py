@@ -316,6 +316,8 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
             closers = _attach_role_actions(ha, follower, on_role_change, cluster_name, on_role_change_timeout)
         else:
             node.on_start.append(lambda: dr.set_serving(True))
+            if node.journal is not None and node.journal.damage:  # logged and shown in status (found_damaged)
+                node.journal.repaired("a standalone node has no other copy to recover from: the loss is final")
         if metrics_listen:
             from .metrics import serve_metrics
             try:
@@ -617,6 +619,7 @@ def status(broker: str, expect: str | None, is_primary: bool, every: bool, as_js
                 with _client(member, timeout=3) as client:
                     state = client.request("STATUS")
                 line = f"{member} {state['state']}" + (f" ({state['detail']})" if state.get("detail") else "")
+                line += "".join(f"; {problem}" for problem in _problems(state))
             except ManagementError as error:
                 line = f"{member} unreachable: {error}"
             click.echo(line)
@@ -625,12 +628,32 @@ def status(broker: str, expect: str | None, is_primary: bool, every: bool, as_js
         click.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
     else:
         click.echo(result["state"] + (f" ({result['detail']})" if result.get("detail") else ""))
+        for line in _problems(result):
+            click.echo(f"  {line}")
         for line in _replication_lines(result.get("replication") or {}):
             click.echo(line)
     if expect is not None and result["state"] != expect:
         sys.exit(1)
     if is_primary and result["state"] != "primary":
         sys.exit(1)
+
+
+def _problems(status: dict[str, Any]) -> list[str]:
+    """What keeps a node from serving or taking over as it should (its disk, a backup's disk), one line each."""
+    journal = status.get("journal") or {}
+    found = []
+    if status.get("not_ready_because"):
+        found.append(f"not ready: {status['not_ready_because']}")
+    else:
+        if journal.get("writing") is False:
+            found.append(f"journal cannot write ({journal.get('error')}): durable messages are refused")
+        if journal.get("damaged"):
+            found.append("journal damaged: this node lacks data it lost (docs/durability.md)")
+    if status.get("refusing"):
+        found.append(f"refusing messages for replicated queues: {status['refusing']}")
+    elif status.get("acks_waiting_for"):
+        found.append(f"acknowledgements wait: {status['acks_waiting_for']}")
+    return found
 
 
 def _parse_backlog(values: tuple[str, ...]) -> dict[str, int]:

@@ -298,6 +298,8 @@ def _journal(journal: dict[str, Any] | None) -> Iterator[Metric | None]:
         return
     yield _gauge("journal_writing", "1 while the journal takes durable messages (0: disk full or failed)",
                  journal.get("writing"))
+    yield _gauge("journal_damaged", "1 while this node lacks data its damaged journal lost (docs/durability.md): "
+                 "not elected until it has caught up from a healthy primary", bool(journal.get("damaged")))
     yield _gauge("journal_file_bytes", "size of the journal file", journal.get("file_bytes"))
     for stat, doc in (("messages", "durable messages journaled"), ("writes", "journal writes"),
                       ("fsyncs", "journal fsyncs"), ("bytes_written", "bytes written to the journal"),
@@ -350,7 +352,14 @@ def _replication(ha: dict[str, Any]) -> Iterator[Metric | None]:
                      "every message", ["queue"])
     for queue, value in (held.get("quorum") or {}).items():
         quorum.add([queue], value)
-    yield from (lag.family, seconds.family, guards.family, quorum.family)
+    not_storing = _gauges("backup_not_storing", "1 for each backup that left because its journal cannot write "
+                          "(docs/durability.md)", ["backup"])
+    for backup in ha.get("not_storing") or {}:
+        not_storing.add([backup], 1)
+    yield from (lag.family, seconds.family, guards.family, quorum.family, not_storing.family)
+    if "acks_held" in ha:
+        yield _gauge("refusing_min_sync", "1 while replicated messages are refused because fewer than min_sync nodes "
+                     "can store them", held.get("refusing") is not None)
 
 
 def _dr(replication: dict[str, Any]) -> Iterator[Metric | None]:

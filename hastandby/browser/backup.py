@@ -26,6 +26,7 @@ from hastandby.wiring.reconcile import WiringReplica
 
 from hastandby.replication.codec import (
     BACKUP_PROPERTY,
+    STORE_FAILED,
     ProtocolError,
     encode_control,
     link_properties,
@@ -105,6 +106,7 @@ class BackupReplication:
         self.primary: PeerMember | None = None  # the primary followed (its hello's); None: none, or refused
         self.members: list[PeerMember] = []  # as the primary followed last told them (kept across roles)
         self.primary_term = 0
+        self.not_storing: str | None = None  # why this node's journal cannot write; it replicates nothing meanwhile
         self.connection: Connection | None = None
         self.session: Session | None = None
         self.memory = memory
@@ -119,6 +121,9 @@ class BackupReplication:
         )
 
     def start(self) -> None:
+        if self.not_storing is not None:
+            log.warning("not looking for the primary: this node's journal cannot write", error=self.not_storing)
+            return
         self.outbound.properties = {BACKUP_PROPERTY: self.me()}
         self.outbound.start()
         if self._progress_timer is None:
@@ -131,6 +136,18 @@ class BackupReplication:
         self.outbound.stop()
         self._drop_links()
         self.primary = None
+
+    def cannot_store(self, reason: str | None) -> None:
+        """This node's journal cannot write (``reason``), or writes again (None).
+
+        While it cannot, the node must not tell a primary it holds what it is sent: the connection it has
+        closes (``stop``, the table's ``stop_replication``) with the condition ``hastandby:store-failed``
+        and the reason, so the primary says why it left, and ``start`` looks for no primary until then.
+        """
+        self.not_storing = reason
+        connection = self.connection
+        if reason is not None and connection is not None and connection.state & Endpoint.LOCAL_ACTIVE:
+            connection.condition = Condition(STORE_FAILED, f"the backup's journal cannot write: {reason}")
 
     def resync(self, reason: str) -> None:
         """The stream broke (a message that does not fit): reconnect for a fresh snapshot."""
@@ -151,6 +168,10 @@ class BackupReplication:
     # -- Outbound owner ------------------------------------------------------------------
 
     def opened(self, connection: Connection) -> None:
+        if self.not_storing is not None:  # the journal failed while this connection was being made
+            connection.condition = Condition(STORE_FAILED, f"the backup's journal cannot write: {self.not_storing}")
+            self.stop()
+            return
         self.outbound.properties = {BACKUP_PROPERTY: self.me()}
         self.connection = connection
         session = connection.session()

@@ -33,6 +33,18 @@ replicated queue holds each new message until a set large enough is
 confirmed.  A primary cut off from its backups then stops acknowledging
 instead of acknowledging alone, and a backup that holds everything stays
 electable for when the primary dies.
+
+A backup whose journal cannot write leaves at once and says so: it closes
+its connection with ``hastandby:store-failed`` and the reason
+(``BackupReplication.cannot_store``).  It departs as above, and the primary
+acknowledges without it as soon as etcd has the sync set without it.  When
+``min_sync`` keeps it in the sync set instead (too few others), nothing can be
+acknowledged until it is back and caught up, and waiting would hold
+producers for as long as its disk is broken: the primary *refuses* instead
+(Kafka's ``NotEnoughReplicas``), naming the backup and why.  What its guards
+held fails (each producer hears ``amqp:resource-limit-exceeded`` and the
+message leaves the queues: it was never acknowledged), and new messages for
+replicated queues are refused before routing, until it is ready again.
 """
 
 from __future__ import annotations
@@ -45,7 +57,7 @@ from proton import Condition, Connection, Endpoint, Link
 from hastandby.broker.authority import Authority
 from hastandby.broker.driver import Driver, Timer
 from hastandby.broker import lineage
-from hastandby.broker.errors import InvalidArgument, NotFound
+from hastandby.broker.errors import InvalidArgument, NotFound, ResourceLimitExceeded
 from hastandby.broker.exchange import Binding
 from hastandby.broker.links import pn_delivery_settle, send_settled
 from hastandby.broker.memory import MemoryAlarm
@@ -59,6 +71,7 @@ from hastandby.wiring.publisher import WiringPublisher
 from hastandby.replication.guard import QueueGuard
 from hastandby.replication.codec import (
     BACKUP_PROPERTY,
+    STORE_FAILED,
     ProtocolError,
     encode_control,
     link_properties,
@@ -137,7 +150,11 @@ class WiringLink:
             self.publisher.close()
         if self.access is not None:
             self.access.close()
-        self.replication.disconnected(self.backup, self)
+        try:
+            condition = self.link.connection.remote_condition
+        except Exception:  # noqa: BLE001 - a connection already freed says nothing
+            condition = None
+        self.replication.disconnected(self.backup, self, condition)
 
 
 class StatusReceiver:
@@ -259,6 +276,8 @@ class PrimaryReplication:
         self.backups: dict[str, RemoteBackup] = {}
         self.leaving: dict[str, RemoteBackup] = {}  # out of sync_wanted, holding until etcd confirms
         self.sync_wanted: frozenset[str] = frozenset()  # rebound whole: the election thread reads it
+        self.not_storing: dict[str, str] = {}  # backups that left because their journal cannot write: why
+        self.refusing: str | None = None  # why replicated messages are refused (min_sync cannot be met)
         self._timeout_timer: Timer | None = None
         self.recovering = bool(expected)
         for queue in self._replicated_queues():
@@ -289,6 +308,9 @@ class PrimaryReplication:
             self._timeout_timer.cancel()
         if self in self.registry.observers:
             self.registry.observers.remove(self)
+        if self._admit in self.registry.admission_checks:
+            self.registry.admission_checks.remove(self._admit)
+        self.refusing = None
         self._release_quorum_hold()
         for backup in [*self.backups.values(), *self.leaving.values()]:
             backup.cancel()
@@ -376,6 +398,35 @@ class PrimaryReplication:
                 del self.leaving[node_id]
                 backup.cancel()
                 log.info("backup out of the sync set: no longer waiting for it", backup=node_id)
+        self._check_storing()
+
+    # -- backups that cannot store -------------------------------------------------------
+
+    def _check_storing(self) -> None:
+        """Refuse replicated messages while ``min_sync`` keeps a backup that cannot store in the sync set (one
+        that merely leaves it, as etcd confirms the set without it, is acknowledged without)."""
+        stuck = sorted(node_id for node_id in self.not_storing if node_id in self.leaving
+                       and node_id in self.sync_wanted)
+        if stuck and self.refusing is None:
+            self.refusing = (f"fewer than min_sync ({self.min_sync}) nodes can store messages: "
+                             + "; ".join(f"backup {node_id}: {self.not_storing[node_id]}" for node_id in stuck))
+            log.error("replicated messages are refused until the backup is back and caught up", reason=self.refusing,
+                      min_sync=self.min_sync, backups=stuck)
+            self.registry.admission_checks.append(self._admit)
+            failure = ResourceLimitExceeded(f"message not taken: {self.refusing}")
+            for node_id in stuck:
+                for guard in self.leaving[node_id].guards.values():
+                    guard.fail(failure)
+        elif not stuck and self.refusing is not None:
+            log.info("replicated messages are taken again: min_sync nodes can store them", min_sync=self.min_sync)
+            self.refusing = None
+            if self._admit in self.registry.admission_checks:
+                self.registry.admission_checks.remove(self._admit)
+
+    def _admit(self, targets: list[Queue], data: bytes) -> None:
+        """Before routing, while refusing: a message for a replicated queue is refused at once, with why."""
+        if self.refusing is not None and any(q.settings.replicate == "all" for q in targets):
+            raise ResourceLimitExceeded(self.refusing)
 
     # -- links from backups -------------------------------------------------------------
 
@@ -449,6 +500,8 @@ class PrimaryReplication:
             backup = self._backup({"node_id": backup.node_id, "url": backup.url})
         backup.connected = True
         backup.state = State.CATCHUP
+        if self.not_storing.pop(backup.node_id, None) is not None:
+            log.info("backup that could not store is back: it catches up", backup=backup.node_id)
         backup.catchup = {q.name for q in self._replicated_queues()}
         wiring = WiringLink(link, self, backup)
         backup.wiring = wiring
@@ -505,17 +558,24 @@ class PrimaryReplication:
             earlier.cancel()
         self._broadcast_members()
         self._check_expected()
+        self._check_storing()
 
-    def disconnected(self, backup: RemoteBackup, wiring: WiringLink) -> None:
-        """The backup's connection is gone: release what it held up."""
+    def disconnected(self, backup: RemoteBackup, wiring: WiringLink, condition: Condition | None = None) -> None:
+        """The backup's connection is gone (``condition``: what its close said): release what it held up."""
         if backup.wiring is not wiring:
             return
         backup.wiring = None
         backup.connected = False
-        log.info("backup disconnected", backup=backup.node_id)
+        if condition is not None and condition.name == STORE_FAILED:
+            self.not_storing[backup.node_id] = str(condition.description or "its journal cannot write")
+            log.warning("backup cannot store: it leaves the ready and sync sets", backup=backup.node_id,
+                        reason=self.not_storing[backup.node_id])
+        else:
+            log.info("backup disconnected", backup=backup.node_id)
         self._depart(backup)
         self._broadcast_members()
         self._check_expected()
+        self._check_storing()
 
     # -- expected backups -----------------------------------------------------------------
 
@@ -603,4 +663,16 @@ class PrimaryReplication:
                 per_queue = backups.setdefault(name, {})
                 per_queue[backup.node_id] = per_queue.get(backup.node_id, 0) + guard.pending
         quorum = {name: guard.pending for name, guard in (self._quorum_guards or {}).items()}
-        return {"backups": backups, "quorum": quorum}
+        return {"backups": backups, "quorum": quorum, "waiting_for": self._waiting_for(),
+                "refusing": self.refusing}
+
+    def _waiting_for(self) -> str | None:
+        """Why acknowledgements are held now beyond a backup's usual round trip (None: they are not)."""
+        reasons = [f"backup {node_id} left ({self.not_storing.get(node_id, 'disconnected')}): held until etcd has "
+                   f"the sync set without it" + (f", or it is back (min_sync {self.min_sync})"
+                                                  if node_id in self.sync_wanted else "")
+                   for node_id in sorted(self.leaving)]
+        if self._quorum_guards is not None:
+            reasons.append(f"fewer than min_sync ({self.min_sync}) nodes hold every message: held until a sync "
+                           "set that large is confirmed")
+        return "; ".join(reasons) or None

@@ -88,10 +88,14 @@ class Store:
     ``holds_data``: it holds what it replicated or served, either because it
     has been past ``connecting`` since it started or because its journal
     brought back a store it had as a member of this cluster.
+    ``damaged``: its journal was damaged and it has not recovered what the
+    damage took (``journal_files.py``): whatever else it holds, it does not
+    hold every acknowledged message, and must not start a restarted cluster.
     """
 
     journal: bool = False
     holds_data: bool = False
+    damaged: bool = False
 
 
 @dataclass(frozen=True)
@@ -186,7 +190,7 @@ def decode_leader(value: bytes, term: int) -> Leader:
 
 def encode_member(url: str, status: NodeStatus, store: Store = Store()) -> bytes:
     return json.dumps({"url": url, "state": status.state.value, "detail": status.detail,
-                       "journal": store.journal, "holds_data": store.holds_data},
+                       "journal": store.journal, "holds_data": store.holds_data, "damaged": store.damaged},
                       sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -194,7 +198,8 @@ def decode_member(node_id: str, value: bytes) -> Member:
     what = f"member {node_id}"
     fields = _decode(value, what)
     url, state, detail = _text(fields, "url", what), _text(fields, "state", what), fields.get("detail")
-    store = Store(bool(fields.get("journal", False)), bool(fields.get("holds_data", False)))
+    store = Store(bool(fields.get("journal", False)), bool(fields.get("holds_data", False)),
+                  bool(fields.get("damaged", False)))
     try:
         return Member(node_id, url, State(state), Detail(str(detail)) if detail else None, store)
     except ValueError as error:

@@ -102,6 +102,10 @@ class ManagedNode(Protocol):
 
     def fire(self, event: Event, term: int | None = None) -> bool: ...
 
+    def publish_status(self) -> None:
+        """Have the election loop write the member key again (its store changed)."""
+        ...
+
     def other_addresses(self) -> list[Address]: ...
 
     def member_addresses(self) -> list[str]: ...
@@ -126,7 +130,10 @@ class ClusterManagement:
     def promote(self, request: Request) -> tuple[int, Any] | Deferred:
         """``PROMOTE``: the plan is ``promotion.plan_promotion``'s; this carries it out."""
         ha = self.ha
-        plan = plan_promotion(ha.status, ha.halted, ha.election is not None, bool(request.body.get("force")))
+        force = bool(request.body.get("force"))
+        journal = self.node.journal
+        damaged = journal.damage_summary() if journal is not None else None
+        plan = plan_promotion(ha.status, ha.halted, ha.election is not None, force, damaged)
         match plan:
             case AlreadyPrimary():
                 return 200, {"state": "primary", "message": "already primary"}
@@ -139,12 +146,13 @@ class ClusterManagement:
             case PromoteNow(event=event):
                 return self._promote_now(event)
             case CheckThenPromote(event=event):
-                return self._check_then_promote(event)
+                return self._check_then_promote(event, accepting=damaged)
             case _:
                 assert_never(plan)
 
-    def _check_then_promote(self, event: Event) -> Deferred:
-        """Ask the other nodes first, off the reactor thread (they may not answer for a while)."""
+    def _check_then_promote(self, event: Event, accepting: str | None = None) -> Deferred:
+        """Ask the other nodes first, off the reactor thread (they may not answer for a while); ``accepting``:
+        the loss of a damaged journal that a forced promotion accepts once it is done."""
         reply = Deferred()
 
         def checked(_: Any, error: Exception | None) -> None:
@@ -157,6 +165,9 @@ class ClusterManagement:
             except BrokerError as failure:
                 reply.fail(failure)
                 return
+            if accepting:
+                self._accept_loss()
+                body = dict(body, message=f"promoted; what the damaged journal lost is lost: {accepting}")
             reply.resolve(code, body)
 
         addresses, login = self.ha.other_addresses(), self._peer_login()
@@ -189,6 +200,8 @@ class ClusterManagement:
         snapshot = election.snapshot
         absent = sorted(snapshot.sync.members - {m.node_id for m in snapshot.members}) \
             if snapshot is not None and snapshot.sync is not None else []
+        journal = self.node.journal
+        damaged = journal.damage_summary() if journal is not None else None
         reply = Deferred()
 
         def answered(written: bool | CoordinatorError) -> None:  # on the election thread
@@ -202,11 +215,24 @@ class ClusterManagement:
                 return
             risk = (f"messages that only {', '.join(absent)} held are lost if it does not come back first"
                     if absent else "no absent member was named in the sync set")
-            self.node.driver.call_soon_threadsafe(lambda: reply.resolve(202, {
-                "state": str(state), "message": f"forced: this node may start the cluster; {risk}"}))
+            if damaged:
+                risk += f"; what this node's damaged journal lost is lost ({damaged})"
+
+            def accepted() -> None:
+                self._accept_loss()
+                reply.resolve(202, {"state": str(state), "message": f"forced: this node may start the cluster; {risk}"})
+
+            self.node.driver.call_soon_threadsafe(accepted)
 
         election.force_sync(answered)
         return reply
+
+    def _accept_loss(self) -> None:
+        """The operator forced this node on: what its damaged journal lost is given up, and it may be elected."""
+        journal = self.node.journal
+        if journal is not None and journal.damage:
+            journal.repaired("the operator accepted the loss (promote --force)")
+            self.ha.publish_status()
 
     def _peer_login(self) -> Login:
         config = self.node.config
@@ -271,7 +297,29 @@ class ClusterManagement:
             "brokers": [self._reachable(a) for a in self.ha.member_addresses()],
             "halted": self.ha.halted,
             "etcd": self.etcd,  # the endpoints
+            "not_ready_because": self._not_ready_because(),
+            **self._held(),
         }
+
+    def _held(self) -> dict[str, Any]:
+        """On a primary: why producers' acknowledgements wait, and why messages are refused (None: they are not)."""
+        held = self.ha.role.describe()["acks_held"]
+        return {"acks_waiting_for": held.get("waiting_for"), "refusing": held.get("refusing")}
+
+    def _not_ready_because(self) -> str | None:
+        """Why this node may not take over now although it is a cluster member, for ``status`` (None: no
+        store reason)."""
+        journal = self.node.journal
+        if self.ha.is_primary or journal is None:
+            return None
+        reasons = []
+        if journal.full is not None:
+            reasons.append(f"its journal cannot write ({journal.full}): it left the primary until it writes again")
+        summary = journal.damage_summary()
+        if summary:
+            reasons.append(f"its journal was damaged ({summary}): it lacks data until it has caught up from a "
+                           "healthy primary, and is not elected meanwhile")
+        return "; ".join(reasons) or None
 
     def _reachable(self, address: str) -> str:
         """A member's HOST:PORT as tools must dial it: ``amqps://`` when the members speak TLS."""

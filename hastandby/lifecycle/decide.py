@@ -234,22 +234,30 @@ def _waiting_for_a_store(me: str, snapshot: ClusterSnapshot) -> str | None:
     """Why node ``me`` may not start a cluster of connecting nodes now (None: it may).
 
     The sync set says who held every acknowledged message.  Its members that
-    are here and hold data start the cluster, any one of them.  If none is
-    here, one that is absent may hold the latest store: when the cluster keeps
-    journals, everyone waits for it (an operator may start without it,
-    ``hastandby promote --force``); without journals nothing survived a
-    restart, and any node may start.
+    are here and hold data, and whose journal was not damaged since, start the
+    cluster, any one of them.  If none is here, one that is absent may hold
+    the latest store, and one whose journal was damaged holds it only in part:
+    when the cluster keeps journals, everyone waits for an intact one (an
+    operator may start without it, ``hastandby promote --force``); without
+    journals nothing survived a restart, and any node may start.  A damaged
+    node never starts a cluster while an intact copy may come back: the
+    intact nodes would then drop their copies of what it lost as another
+    lineage's.
     """
     sync = snapshot.sync
     if sync is None:
         return None
-    holders = {m.node_id for m in snapshot.members if m.node_id in sync.members and m.store.holds_data}
+    present = [m for m in snapshot.members if m.node_id in sync.members]
+    holders = {m.node_id for m in present if m.store.holds_data and not m.store.damaged}
     if holders:
         if me in holders:
             return None
         return f"no leader; waiting for a sync member holding data to start the cluster ({', '.join(sorted(holders))})"
     absent = sync.members - {m.node_id for m in snapshot.members}
-    if absent and any(m.store.journal for m in snapshot.members):
-        return (f"no leader; {', '.join(sorted(absent))} may hold the latest store: waiting for it "
+    damaged = sorted(m.node_id for m in present if m.store.damaged)
+    if (absent or damaged) and any(m.store.journal for m in snapshot.members):
+        why = [f"{', '.join(sorted(absent))} may hold the latest store"] if absent else []
+        why += [f"the journal of {', '.join(damaged)} was damaged and lacks data"] if damaged else []
+        return (f"no leader; {'; '.join(why)}: waiting for an intact sync member "
                 "(hastandby promote --force starts without it, and loses what only it holds)")
     return None

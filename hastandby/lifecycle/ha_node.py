@@ -131,6 +131,10 @@ class HaNode:
         self.on_serving: list[Callable[[bool], None]] = []
         self.election: ElectionLoop | None = None
         node.handler.fenced_refusal = self.admission.refusal
+        if node.journal is not None:
+            node.journal.on_writing.append(self._store_writing)
+            if node.journal.full is not None:  # it could not even write at start: do not replicate until it can
+                self._backup.cannot_store(node.journal.full)
         if config.etcd:
             self.election = self._make_election(config)
             node.on_start.append(self.election.start)
@@ -181,7 +185,7 @@ class HaNode:
     def store(self) -> Store:
         """What this node says of its messages (cluster.Store), for a whole-cluster restart's election."""
         journal = self.node.journal
-        return Store(journal is not None, self._holds_data)
+        return Store(journal is not None, self._holds_data, journal is not None and bool(journal.damage))
 
     @property
     def sync_wanted(self) -> frozenset[str] | None:
@@ -221,6 +225,9 @@ class HaNode:
         self.node.state = str(self.status.state)
         if self.status.state in (State.CATCHUP, State.BACKUP, State.PRIMARY):
             self._holds_data = True
+        if self.status.state is State.BACKUP and self.node.journal is not None and self.node.journal.damage:
+            # Caught up: the primary sent what the damage took (it compared the ids we hold with its own).
+            self.node.journal.repaired(f"caught up from the primary {self.primary_url}")
         if self.node.journal is not None:
             self.node.journal.term_seen(self.status.term)
         if transition.changed:
@@ -333,6 +340,16 @@ class HaNode:
             log.warning("the primary does not count this node as ready: catching up again",
                         primary=self.primary_url, reported=mine.state)
             self.fire(Event.DROPPED_BY_PRIMARY)
+
+    def _store_writing(self, reason: str | None) -> None:
+        """The journal cannot write (``reason``), or writes again (None).  A backup that cannot store leaves its
+        primary at once, telling it why (``BackupReplication.cannot_store``), and is not ready until it writes
+        again; then it catches up.  A primary's journal refuses durable messages by itself meanwhile."""
+        self._backup.cannot_store(reason)
+        if reason is not None and self.status.state in (State.CONNECTING, State.CATCHUP, State.BACKUP):
+            log.error("this node's journal cannot write: leaving the primary, not ready until it writes again",
+                      error=reason, state=str(self.status.state), primary=self.primary_url)
+        self.fire(Event.STORE_FAILED if reason is not None else Event.STORE_RESTORED)
 
     def _lost(self, reason: str) -> None:
         if self.election is not None:

@@ -12,7 +12,9 @@ without the absent sync members.  Without etcd the operator is the election:
 a ``backup`` is promoted at once, and a ``connecting`` node only after no
 other reachable node turns out to be past ``connecting`` (a brand-new
 cluster, where nobody holds data to lose).  The new term is one past every
-term this node knows.
+term this node knows.  A node whose journal was damaged, and that has not
+caught up since, lacks acknowledged messages: only ``--force``, an operator
+who accepts the loss, promotes it.
 """
 
 from __future__ import annotations
@@ -62,8 +64,10 @@ class CheckThenPromote:
 Promotion = AlreadyPrimary | Refuse | HandOver | ForceStart | PromoteNow | CheckThenPromote
 
 
-def plan_promotion(status: NodeStatus, halted: str | None, with_etcd: bool, force: bool) -> Promotion:
-    """The operator's ``PROMOTE`` (``force``: ``promote --force``) for a node in ``status``."""
+def plan_promotion(status: NodeStatus, halted: str | None, with_etcd: bool, force: bool,
+                   damaged: str | None = None) -> Promotion:
+    """The operator's ``PROMOTE`` (``force``: ``promote --force``) for a node in ``status``; ``damaged``: what
+    its damaged journal lost, if it has not recovered it."""
     state = status.state
     if state is State.PRIMARY:
         return AlreadyPrimary()
@@ -73,6 +77,9 @@ def plan_promotion(status: NodeStatus, halted: str | None, with_etcd: bool, forc
         return Refuse("still catching up, cannot be promoted")
     if state is State.STOPPED:
         return Refuse("the node is stopping")
+    if damaged and not force:
+        return Refuse(f"this node's journal was damaged and it lacks data ({damaged}): it catches up from a healthy "
+                      "primary before it may be promoted; promote --force starts with what it has and loses the rest")
     if with_etcd:
         if force:
             if state is not State.CONNECTING:

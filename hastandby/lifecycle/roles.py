@@ -39,7 +39,7 @@ from .cluster import Leader
 log = structlog.get_logger("hastandby.ha")
 
 #: What QUERY shows of a role without backups to report on.
-_NO_HOLDS: dict[str, Any] = {"backups": {}, "quorum": {}}
+_NO_HOLDS: dict[str, Any] = {"backups": {}, "quorum": {}, "waiting_for": None, "refusing": None}
 
 
 class Role(ABC):
@@ -55,7 +55,9 @@ class Role(ABC):
 
     @abstractmethod
     def describe(self) -> dict[str, Any]:
-        """QUERY's replication figures: ``lag``, ``lag_seconds`` and ``acks_held`` (``PrimaryReplication``)."""
+        """QUERY's replication figures: ``lag``, ``lag_seconds``, ``acks_held`` (with why they are held, and why
+        messages are refused) and ``not_storing`` (backups that left because they cannot store) of
+        ``PrimaryReplication``."""
 
     @property
     @abstractmethod
@@ -114,7 +116,7 @@ class BackupRole(Role):
         return self.replication.members
 
     def describe(self) -> dict[str, Any]:
-        return {"lag": {}, "lag_seconds": {}, "acks_held": dict(_NO_HOLDS)}
+        return {"lag": {}, "lag_seconds": {}, "acks_held": dict(_NO_HOLDS), "not_storing": {}}
 
     @property
     def sync_wanted(self) -> frozenset[str] | None:
@@ -130,6 +132,8 @@ class BackupRole(Role):
 
     def follow(self, leader: Leader, previous: Leader | None) -> bool:
         log.info("leader from etcd", leader=leader.node_id, url=leader.url, term=leader.term)
+        if self.replication.not_storing is not None:
+            return True  # known, not followed: it replicates nothing until its journal writes again
         outbound = self.replication.outbound
         if outbound.connected and outbound.address == split_hostport(leader.url):
             return True
@@ -169,7 +173,7 @@ class PrimaryRole(Role):
     def describe(self) -> dict[str, Any]:
         replication = self.replication
         return {"lag": replication.lag(), "lag_seconds": replication.lag_seconds(),
-                "acks_held": replication.acks_held()}
+                "acks_held": replication.acks_held(), "not_storing": dict(replication.not_storing)}
 
     @property
     def sync_wanted(self) -> frozenset[str] | None:

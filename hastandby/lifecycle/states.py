@@ -84,6 +84,10 @@ class Event(StrEnum):
     DEMOTED = "demoted"
     #: Graceful shutdown.
     STOP = "stop"
+    #: This node's journal cannot write (a full, read-only or failing disk).
+    STORE_FAILED = "store_failed"
+    #: This node's journal writes again (a probe of real size worked).
+    STORE_RESTORED = "store_restored"
 
 
 class Action(StrEnum):
@@ -159,12 +163,23 @@ _BECOME_PRIMARY = (_A.STOP_REPLICATION, _A.START_GUARDING, _A.ADMIT_CLIENTS, _A.
 _STEP_DOWN = (_A.EXCLUDE_CLIENTS, _A.STOP_SERVING_BACKUPS, _A.RESIGN, _A.PUBLISH_STATUS, _A.LOOK_FOR_PRIMARY)
 _PRIMARY_STOP = (_A.EXCLUDE_CLIENTS, _A.STOP_SERVING_BACKUPS, _A.REVOKE_LEASE)
 _BACKUP_STOP = (_A.STOP_REPLICATION, _A.REVOKE_LEASE)
+# A node that cannot store must not tell a primary it holds what it is sent: it leaves the primary (which
+# acknowledges without it under --min-sync, or refuses) and is no longer ready, until its disk writes again.
+_LEAVE_PRIMARY = (_A.STOP_REPLICATION, _A.PUBLISH_STATUS)
+_BACK_TO_PRIMARY = (_A.LOOK_FOR_PRIMARY,)
+
+
+def _store_noted(phase: Phase) -> dict[Event, _Row]:
+    """Nothing to do: a primary's or standalone node's journal refuses durable messages itself while it cannot
+    write; a stopped node does nothing."""
+    return {Event.STORE_FAILED: _Row(phase), Event.STORE_RESTORED: _Row(phase)}
 
 
 #: Every legal transition.  A (phase, event) pair not in here is illegal.
 TRANSITIONS: dict[Phase, dict[Event, _Row]] = {
     STANDALONE: {
         Event.STOP: _Row(STOPPED),
+        **_store_noted(STANDALONE),
     },
     CONNECTING: {
         Event.CONNECTED_TO_PRIMARY: _Row(CATCHUP, (_A.PUBLISH_STATUS,), _TermRule.FOLLOW),
@@ -177,6 +192,8 @@ TRANSITIONS: dict[Phase, dict[Event, _Row]] = {
         # publishes it again under a fresh lease.
         Event.LOST_LEASE: _Row(CONNECTING),
         Event.STOP: _Row(STOPPED, _BACKUP_STOP),
+        Event.STORE_FAILED: _Row(CONNECTING, _LEAVE_PRIMARY),
+        Event.STORE_RESTORED: _Row(CONNECTING, _BACK_TO_PRIMARY),
     },
     CATCHUP: {
         # Reconnected, possibly to a new primary: carry on catching up.
@@ -189,6 +206,8 @@ TRANSITIONS: dict[Phase, dict[Event, _Row]] = {
         Event.DROPPED_BY_PRIMARY: _Row(CATCHUP),
         Event.LOST_LEASE: _Row(CATCHUP),
         Event.STOP: _Row(STOPPED, _BACKUP_STOP),
+        Event.STORE_FAILED: _Row(CATCHUP, _LEAVE_PRIMARY),
+        Event.STORE_RESTORED: _Row(CATCHUP, _BACK_TO_PRIMARY),
     },
     BACKUP: {
         # A new primary that expected this backup guards for it, so the backup
@@ -202,6 +221,9 @@ TRANSITIONS: dict[Phase, dict[Event, _Row]] = {
         Event.DROPPED_BY_PRIMARY: _Row(CATCHUP, (_A.PUBLISH_STATUS,)),
         Event.LOST_LEASE: _Row(BACKUP),
         Event.STOP: _Row(STOPPED, _BACKUP_STOP),
+        # No longer ready: what it is sent from now on it cannot keep.  It catches up again once it writes.
+        Event.STORE_FAILED: _Row(CATCHUP, _LEAVE_PRIMARY),
+        Event.STORE_RESTORED: _Row(BACKUP),  # (unreachable: a backup that cannot store is catchup)
     },
     PRIMARY_RECOVERING: {
         Event.EXPECTED_BACKUPS_READY: _Row(PRIMARY_ACTIVE, (_A.PUBLISH_STATUS,)),
@@ -212,6 +234,7 @@ TRANSITIONS: dict[Phase, dict[Event, _Row]] = {
         Event.LOST_LEASE: _Row(CONNECTING, _STEP_DOWN),
         Event.DEMOTED: _Row(CONNECTING, _STEP_DOWN),
         Event.STOP: _Row(STOPPED, _PRIMARY_STOP),
+        **_store_noted(PRIMARY_RECOVERING),
     },
     PRIMARY_ACTIVE: {
         Event.PROMOTED_BY_OPERATOR: _Row(PRIMARY_ACTIVE),
@@ -219,9 +242,11 @@ TRANSITIONS: dict[Phase, dict[Event, _Row]] = {
         Event.LOST_LEASE: _Row(CONNECTING, _STEP_DOWN),
         Event.DEMOTED: _Row(CONNECTING, _STEP_DOWN),
         Event.STOP: _Row(STOPPED, _PRIMARY_STOP),
+        **_store_noted(PRIMARY_ACTIVE),
     },
     STOPPED: {
         Event.STOP: _Row(STOPPED),
+        **_store_noted(STOPPED),
     },
 }
 

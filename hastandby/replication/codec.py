@@ -37,6 +37,7 @@ from hastandby.broker.links import receive_each
 from hastandby.broker.values import plain
 
 BACKUP_PROPERTY = symbol("qpid.ha-backup")
+STORE_FAILED = "hastandby:store-failed"  # a backup closes its connection so when its journal cannot write
 IDS_PROPERTY = symbol("qpid.ha-ids")
 DEQUEUE_TAG = b"d"
 BATCH_TAG = b"b"

@@ -81,6 +81,14 @@ class QueueGuard:
         held, self._held = self._held, {}
         release_all(held.values())
 
+    def fail(self, error: Exception) -> None:
+        """The backup will not take what this guard holds (it cannot store): each message fails (its producer
+        hears ``error``) and leaves the queue, which was never allowed to acknowledge it.  The guard goes on."""
+        held, self._held = self._held, {}
+        for msg_id, completion in held.items():
+            completion.fail(error)
+            self.queue.dequeue(msg_id, "not-replicated")
+
     def _release(self, msg_id: int) -> None:
         completion = self._held.pop(msg_id, None)
         if completion is not None:

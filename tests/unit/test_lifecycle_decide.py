@@ -330,3 +330,34 @@ def test_a_store_that_changed_is_published() -> None:
     cluster = snapshot(member(ME, State.BACKUP), leader=leader("n2"))
     decision = decide(ME, BACKUP, cluster, lease_confirmed=True, store=Store(journal=True, holds_data=True))
     assert isinstance(decision, PublishMember) and "store" in decision.reason
+
+
+def damaged(node_id: str) -> Member:
+    return Member(node_id, f"amqp://{node_id}", State.CONNECTING, None, Store(True, holds_data=True, damaged=True))
+
+
+def test_a_damaged_sync_member_back_first_and_alone_does_not_start_the_cluster() -> None:
+    """The issue's restart order: n2's journal lost records to bit rot, n2 is back first; n3, intact, is not.
+    Were n2 to start the cluster, n3 would drop its copies of what n2 lost as another lineage's."""
+    store = Store(True, holds_data=True, damaged=True)
+    cluster = snapshot(damaged("n2"), sync=sync_of("n2", "n3"))
+    decision = decide("n2", CONNECTING, cluster, lease_confirmed=True, store=store)
+    assert isinstance(decision, Stay)
+    assert "n3 may hold the latest store" in decision.reason and "n2 was damaged" in decision.reason
+
+
+def test_an_intact_sync_member_starts_the_cluster_before_a_damaged_one() -> None:
+    cluster = snapshot(damaged("n2"), holding("n3", journal=True), member(ME, State.CONNECTING),
+                       sync=sync_of("n2", "n3"))
+    assert isinstance(decide("n2", CONNECTING, cluster, lease_confirmed=True,
+                             store=Store(True, True, damaged=True)), Stay)
+    assert isinstance(decide("n3", CONNECTING, cluster, lease_confirmed=True, store=Store(True, True)), Campaign)
+    assert isinstance(decide(ME, CONNECTING, cluster, lease_confirmed=True), Stay)
+
+
+def test_when_every_sync_member_back_is_damaged_everyone_waits_for_the_operator() -> None:
+    """Nobody is absent, yet nobody holds every acknowledged message: only promote --force may start it."""
+    cluster = snapshot(damaged("n2"), member(ME, State.CONNECTING), sync=sync_of("n2"))
+    for node, store in (("n2", Store(True, True, damaged=True)), (ME, Store())):
+        decision = decide(node, CONNECTING, cluster, lease_confirmed=True, store=store)
+        assert isinstance(decision, Stay) and "promote --force" in decision.reason, decision

@@ -54,3 +54,11 @@ def test_the_operators_term_is_one_past_every_term_known() -> None:
     assert operator_term(BACKUP, []) == 4
     assert operator_term(BACKUP, [1, 7, 2]) == 8
     assert operator_term(NodeStatus(State.BACKUP, term=9), [1, 7]) == 10
+
+
+def test_a_node_whose_journal_lost_data_is_promoted_only_by_force() -> None:
+    for with_etcd in (True, False):
+        refused = plan_promotion(CONNECTING, None, with_etcd, False, damaged="lost 4096 bytes")
+        assert isinstance(refused, Refuse) and "lost 4096 bytes" in refused.reason and "--force" in refused.reason
+    assert plan_promotion(CONNECTING, None, True, True, damaged="lost 4096 bytes") == ForceStart()
+    assert plan_promotion(CONNECTING, None, False, True, damaged="lost 4096 bytes") == CheckThenPromote()

@@ -42,6 +42,8 @@ expected_backups_timed_out       -          -          -          -          act
 lost_lease                       -          connecting catchup    backup     connecting connecting -
 demoted                          -          -          -          -          connecting connecting -
 stop                             stopped    stopped    stopped    stopped    stopped    stopped    stopped
+store_failed                     standalone connecting catchup    catchup    recovering active     stopped
+store_restored                   standalone connecting catchup    backup     recovering active     stopped
 """
 
 A = Action
@@ -68,6 +70,12 @@ ACTIONS: dict[tuple[str, Event], tuple[Action, ...]] = {
     ("backup", Event.STOP): (A.STOP_REPLICATION, A.REVOKE_LEASE),
     ("recovering", Event.STOP): (A.EXCLUDE_CLIENTS, A.STOP_SERVING_BACKUPS, A.REVOKE_LEASE),
     ("active", Event.STOP): (A.EXCLUDE_CLIENTS, A.STOP_SERVING_BACKUPS, A.REVOKE_LEASE),
+    # A node that cannot store leaves its primary and is not ready; it looks for the primary once it writes.
+    ("connecting", Event.STORE_FAILED): (A.STOP_REPLICATION, A.PUBLISH_STATUS),
+    ("catchup", Event.STORE_FAILED): (A.STOP_REPLICATION, A.PUBLISH_STATUS),
+    ("backup", Event.STORE_FAILED): (A.STOP_REPLICATION, A.PUBLISH_STATUS),
+    ("connecting", Event.STORE_RESTORED): (A.LOOK_FOR_PRIMARY,),
+    ("catchup", Event.STORE_RESTORED): (A.LOOK_FOR_PRIMARY,),
 }
 
 #: Events that bring a term, and how it must relate to the current one.

@@ -50,7 +50,9 @@ QUERY: dict[str, Any] = {
                     {"node_id": "n3", "url": "127.0.0.1:5674", "state": "catchup"}],
         "lag": {"orders": {"n2": 0, "n3": 7}, "empty": {"n2": 0, "n3": 0}},
         "lag_seconds": {"orders": {"n2": 0.0}, "empty": {"n2": 0.0}},
-        "acks_held": {"backups": {"orders": {"n2": 0, "n3": 4}}, "quorum": {"orders": 1}},
+        "acks_held": {"backups": {"orders": {"n2": 0, "n3": 4}}, "quorum": {"orders": 1}, "waiting_for": None,
+                      "refusing": "fewer than min_sync (2) nodes can store messages: backup n4: Read-only file system"},
+        "not_storing": {"n4": "the backup's journal cannot write: Read-only file system"},
     },
     "replication": {
         "sources": [{"queue": "orders", "replica": "dr1:5672", "mode": "full", "state": "live",
@@ -249,12 +251,15 @@ def _produce(primary: PrimaryReplication, count: int) -> None:
 def test_acks_held_counts_each_backup_guard_and_the_quorum_hold():
     primary = _primary()
     _produce(primary, 3)
-    assert primary.acks_held() == {"backups": {"q": {"b": 3}}, "quorum": {}}
+    assert primary.acks_held() == {"backups": {"q": {"b": 3}}, "quorum": {}, "waiting_for": None, "refusing": None}
     assert primary.lag() == {"q": {"b": 3}}  # no browser yet: the whole queue
     assert primary.lag_seconds() == {}  # ... and no age to tell
     quorum = _primary(keeps_sync_set=True, min_sync=3)  # p and b: fewer than 3
     _produce(quorum, 2)
-    assert quorum.acks_held() == {"backups": {"q": {"b": 2}}, "quorum": {"q": 2}}
+    held = quorum.acks_held()
+    assert (held["backups"], held["quorum"], held["refusing"]) == ({"q": {"b": 2}}, {"q": 2}, None)
+    assert held["waiting_for"] == "fewer than min_sync (3) nodes hold every message: held until a sync set that " \
+        "large is confirmed"
 
 
 # -- the docs and the Grafana dashboard name what the collector serves ---------------------------

@@ -47,7 +47,7 @@ def test_a_backup_promoted_is_a_primary_serving_what_serve_started() -> None:
     assert isinstance(primary, PrimaryRole) and primary.replication is replication
     assert primary.members() == replication.members()
     assert primary.describe() == {"lag": replication.lag(), "lag_seconds": replication.lag_seconds(),
-                                  "acks_held": replication.acks_held()}
+                                  "acks_held": replication.acks_held(), "not_storing": {}}
 
 
 def test_a_primary_steps_down_to_the_backup_it_was_and_stops_serving() -> None:
@@ -119,7 +119,8 @@ def test_a_backup_checks_an_admins_links_and_a_primary_claims_its_backups() -> N
 def test_a_backup_shows_the_members_its_primary_told_it_and_no_replication_figures() -> None:
     backup = backup_role()
     assert backup.members() == []
-    assert backup.describe() == {"lag": {}, "lag_seconds": {}, "acks_held": {"backups": {}, "quorum": {}}}
+    assert backup.describe() == {"lag": {}, "lag_seconds": {}, "not_storing": {},
+                                 "acks_held": {"backups": {}, "quorum": {}, "waiting_for": None, "refusing": None}}
 
 
 def test_every_role_answers_every_question() -> None:
