@@ -1,0 +1,457 @@
+"""A damaged or failing disk on one node, with real kernel faults, real nodes, a real etcd and real clients.
+
+- **Bit rot** in the middle of a sync member's journal (3 bytes flipped in the real file), then the
+  restart orders an operator uses, the damaged node first and alone among them: no acknowledged message
+  is lost or changed (bodies checked byte for byte), the damaged node is never elected while it lacks
+  data, and it recovers what it lacks from a healthy peer (``hastandby verify`` equal afterwards).
+- **A backup whose disk turns read-only** (ext4 on a loop device mounted ``errors=remount-ro``, failed
+  through ``/sys/fs/ext4/<dev>/trigger_fs_error``): it leaves at once; with three nodes producers go on
+  being acknowledged under ``--min-sync 2``, with two they get a clear refusal, never a silent hold; the
+  node comes back once its disk is repaired.
+- **A full disk** (a small tmpfs) stays refused until a probe of real size fits, not flapping back at the
+  next small write.
+
+Needs root (mounts, loop devices) and etcd.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from proton import Message
+from proton.handlers import MessagingHandler
+from proton.reactor import Container
+from proton.utils import BlockingConnection
+
+from hastandby.broker import journal_files
+from hastandby.client import ManagementClient
+from hastandby.testing.disks import Ext4Loop, Tmpfs, flip
+from hastandby.testing.etcd_ha import EtcdHa
+from hastandby.testing.nodes import REPO, NodeProcess
+from hastandby.testing.numbered_client import NumberedSender, drain
+from hastandby.testing.waiting import wait_for
+
+pytestmark = pytest.mark.timeout(240)
+
+COUNT = 2000
+
+
+def body(number: int) -> bytes:
+    """Message ``number``'s body: 300 bytes no other message has, so a wrong or damaged one shows."""
+    seed = hashlib.sha256(b"%d" % number).digest()
+    return b"%06d:" % number + (seed * 10)[:293]
+
+
+class BodySender(MessagingHandler):
+    """Sends durable messages 1..count (id and body from the number), up to ``window`` at a time; records
+    which were accepted and which rejected (with the condition)."""
+
+    def __init__(self, url: str, queue: str, numbers: range, window: int = 100) -> None:
+        super().__init__(auto_settle=True)
+        self.url, self.queue, self.numbers, self.window = url, queue, numbers, window
+        self.next = iter(numbers)
+        self.outstanding = 0
+        self.accepted: set[int] = set()
+        self.accepted_at: list[float] = []
+        self.rejected: dict[int, str] = {}
+        self.errors: list[str] = []
+        self.done = threading.Event()
+        self._exhausted = False
+
+    def on_start(self, event: Any) -> None:
+        connection = event.container.connect(self.url, allow_insecure_mechs=True, heartbeat=1)
+        event.container.create_sender(connection, self.queue)
+
+    def on_sendable(self, event: Any) -> None:
+        while event.sender.credit and self.outstanding < self.window and not self._exhausted:
+            number = next(self.next, None)
+            if number is None:
+                self._exhausted = True
+                break
+            event.sender.send(Message(id=number, body=body(number), durable=True), tag=str(number))
+            self.outstanding += 1
+        if self._exhausted and self.outstanding == 0 and not self.done.is_set():
+            self.done.set()
+            event.connection.close()
+
+    def _settled(self, event: Any) -> None:
+        self.outstanding -= 1
+        self.on_sendable(event)
+
+    def on_accepted(self, event: Any) -> None:
+        self.accepted.add(int(event.delivery.tag))
+        self.accepted_at.append(time.time())
+        self._settled(event)
+
+    def on_rejected(self, event: Any) -> None:
+        condition = event.delivery.remote.condition
+        self.rejected[int(event.delivery.tag)] = f"{condition.name}: {condition.description}" if condition else "?"
+        self._settled(event)
+
+    def on_transport_error(self, event: Any) -> None:
+        self.errors.append(str(event.transport.condition))
+        self.done.set()
+
+
+def send_bodies(url: str, queue: str, numbers: range, timeout: float = 120.0, **options: Any) -> BodySender:
+    sender = BodySender(url, queue, numbers, **options)
+    thread = threading.Thread(target=Container(sender).run, daemon=True)
+    thread.start()
+    assert sender.done.wait(timeout), f"sender stuck: {len(sender.accepted)} accepted, {len(sender.rejected)} rejected"
+    thread.join(10)
+    assert not sender.errors, sender.errors
+    return sender
+
+
+def drain_bodies(url: str, queue: str, timeout: float = 60.0) -> dict[int, bytes]:
+    """Every message on ``queue``: number -> body (each number once: a second copy fails the test)."""
+    connection = BlockingConnection(url, timeout=10, allow_insecure_mechs=True)
+    found: dict[int, bytes] = {}
+    try:
+        receiver = connection.create_receiver(queue, credit=500)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                message = receiver.receive(timeout=2)
+            except Exception:  # noqa: BLE001 - proton's Timeout: the queue is drained
+                break
+            number = int(message.id)
+            assert number not in found, f"message {number} delivered twice"
+            found[number] = bytes(message.body)
+            receiver.accept()
+    finally:
+        connection.close()
+    return found
+
+
+def check_every_body(found: dict[int, bytes], acknowledged: set[int]) -> None:
+    missing = sorted(acknowledged - found.keys())
+    assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {missing[:10]}"
+    wrong = [n for n, data in found.items() if data != body(n)]
+    assert not wrong, f"{len(wrong)} messages with a wrong body, e.g. {wrong[:10]}"
+
+
+def create_durable_queue(node: NodeProcess, name: str) -> None:
+    with ManagementClient(node.address, timeout=10) as client:
+        client.request("CREATE", "queue", name, {"durable": True})
+
+
+def hastandby(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hastandby", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def events(node: NodeProcess, name: str) -> list[dict[str, Any]]:
+    found = []
+    for line in node.log_path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("event") == name:
+            found.append(record)
+    return found
+
+
+def stays_out(c: EtcdHa, index: int, seconds: float) -> list[str | None]:
+    """Node ``index``'s states over ``seconds``: it must never be primary meanwhile."""
+    seen = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        state = c.state(index)
+        seen.append(state)
+        assert state != "primary", f"{c.ids[index]} was elected while its journal lacked data: {seen}"
+        time.sleep(0.1)
+    return seen
+
+
+JOURNAL_DAMAGED = ("journal damaged: records that were on disk are lost on this node; the file is kept aside. "
+                   "The node lacks data until it has caught up from a healthy primary, and is not elected meanwhile")
+
+
+# -- bit rot in the middle of a sync member's journal ---------------------------------------------------
+
+
+@pytest.mark.etcd
+@pytest.mark.parametrize("order", ["damaged-first-alone", "intact-first", "together"])
+def test_bit_rot_in_a_sync_members_journal_loses_nothing_in_any_restart_order(ha, order):
+    """The issue's run: two nodes, ``--min-sync 2`` (the sync set is both), 2,000 durable messages
+    acknowledged; the backup stopped cleanly, 3 bytes of the middle of its journal flipped; the primary
+    killed; then the nodes started again in ``order``."""
+    c: EtcdHa = ha(2, data=True)
+    primary = c.wait_replicating()
+    damaged = 1 - primary
+    create_durable_queue(c[primary], "q")
+    c.wait_following(damaged, primary)
+    sent = send_bodies(c[primary].url, "q", range(1, COUNT + 1))
+    assert sent.accepted == set(range(1, COUNT + 1)) and not sent.rejected
+    wait_for(lambda: c.depth(damaged, "q") == COUNT, 30, "the backup holding all 2000")
+
+    assert c[damaged].stop() == 0  # SIGTERM: a clean stop
+    journal = c.data_dir(damaged) / "journal"
+    flip(journal, journal.stat().st_size // 2)
+    c[primary].kill()
+
+    if order == "damaged-first-alone":
+        c.restart(damaged).wait_ready(30)
+        states = stays_out(c, damaged, 5.0)
+        status = c.status(damaged)
+        print(f"\n{c.ids[damaged]} alone for 5 s: {sorted(set(states), key=str)}; "
+              f"not ready because: {status and status.get('not_ready_because')}")
+        assert status is not None and status["state"] == "connecting"
+        assert "damaged" in (status.get("not_ready_because") or ""), status
+        assert status["journal"]["damaged"], "STATUS names the damage"
+        assert status["journal"]["clean_shutdown"], "it stopped cleanly: the checkpoint says so despite the damage"
+        c.restart(primary).wait_ready(30)
+    elif order == "intact-first":
+        c.restart(primary).wait_ready(30)
+        c.wait_state(primary, "primary", timeout=20)
+        c.restart(damaged).wait_ready(30)
+    else:
+        c.restart(damaged)
+        c.restart(primary)
+        c[damaged].wait_ready(30)
+        c[primary].wait_ready(30)
+    new = c.wait_settled(timeout=60)
+    assert new == primary, f"{c.ids[damaged]}, whose journal lacks data, was elected"
+    c.wait_following(damaged, primary, timeout=30)
+    wait_for(lambda: not (c.status(damaged) or {}).get("journal", {}).get("damaged"), 20,
+             "the damaged node holding everything again (caught up)")
+
+    logged = events(c[damaged], JOURNAL_DAMAGED)
+    assert logged and logged[-1]["lost_bytes"] > 0 and logged[-1]["ranges"], "an error naming what was lost"
+    quarantined = Path(logged[-1]["quarantined"])
+    assert quarantined.exists() and quarantined.name.startswith(journal_files.QUARANTINE_PREFIX)
+    assert not (c.data_dir(damaged) / journal_files.DAMAGE).exists()
+    print(f"lost on {c.ids[damaged]}: {logged[-1]['ranges']}, kept as {quarantined.name}")
+
+    verified = hastandby("verify", "-b", c[primary].address)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    # The recovered node takes over and serves every message, byte for byte.
+    promoted = hastandby("promote", "-b", c[damaged].address)
+    assert promoted.returncode == 0, promoted.stdout + promoted.stderr
+    c.wait_state(damaged, "primary", timeout=20)
+    check_every_body(drain_bodies(c[damaged].url, "q"), sent.accepted)
+
+
+@pytest.mark.etcd
+def test_bit_rot_then_every_node_killed_the_damaged_node_back_first_waits_for_an_intact_one(ha):
+    """Three nodes, all in the sync set; kill -9 of every node (no clean stop: the checkpoint, not a CLOSE
+    record, says which bytes were on disk); bit rot in one backup's journal; that node is started first and
+    alone, then a second: the intact one starts the cluster, the damaged one catches up, is elected in
+    turn and serves every acknowledged message."""
+    c: EtcdHa = ha(3, data=True)
+    primary = c.wait_replicating()
+    create_durable_queue(c[primary], "q")
+    backups = [i for i in range(3) if i != primary]
+    for index in backups:
+        c.wait_following(index, primary)
+    sent = send_bodies(c[primary].url, "q", range(1, COUNT + 1))
+    assert sent.accepted == set(range(1, COUNT + 1))
+    for index in backups:
+        wait_for(lambda index=index: c.depth(index, "q") == COUNT, 30, "every backup holding all 2000")
+    time.sleep(1.5)  # the journals' checkpoints follow what is on disk within a second
+    for node in c.nodes:
+        node.kill()
+    damaged, intact = backups
+    journal = c.data_dir(damaged) / "journal"
+    flip(journal, journal.stat().st_size // 2)
+
+    c.restart(damaged).wait_ready(30)
+    stays_out(c, damaged, 4.0)
+    assert c.state(damaged) == "connecting"
+    c.restart(intact).wait_ready(30)
+    c.wait_state(intact, "primary", timeout=30)
+    c.restart(primary).wait_ready(30)
+    c.wait_following(damaged, intact, timeout=30)
+    c.wait_following(primary, intact, timeout=30)
+    assert events(c[damaged], JOURNAL_DAMAGED), "the damage was found"
+    verified = hastandby("verify", "-b", c[intact].address)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    promoted = hastandby("promote", "-b", c[damaged].address)
+    assert promoted.returncode == 0, promoted.stdout + promoted.stderr
+    c.wait_state(damaged, "primary", timeout=20)
+    check_every_body(drain_bodies(c[damaged].url, "q"), sent.accepted)
+
+
+@pytest.mark.etcd
+def test_promote_force_starts_a_damaged_node_alone_and_says_what_is_lost(ha):
+    """Only an operator who accepts the loss starts a cluster from a damaged journal: ``promote --force``
+    names it; the messages the damage took are gone, every other one is served."""
+    c: EtcdHa = ha(2, data=True)
+    primary = c.wait_replicating()
+    damaged = 1 - primary
+    create_durable_queue(c[primary], "q")
+    c.wait_following(damaged, primary)
+    sent = send_bodies(c[primary].url, "q", range(1, 501))
+    wait_for(lambda: c.depth(damaged, "q") == 500, 30, "the backup holding all 500")
+    assert c[damaged].stop() == 0
+    journal = c.data_dir(damaged) / "journal"
+    flip(journal, journal.stat().st_size // 2)
+    c[primary].kill()
+    c.restart(damaged).wait_ready(30)
+    stays_out(c, damaged, 3.0)
+    refused = hastandby("promote", "-b", c[damaged].address)
+    assert refused.returncode != 0 and "damaged" in refused.stderr + refused.stdout
+    forced = hastandby("promote", "--force", "-b", c[damaged].address)
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    print(f"\n{forced.stdout.strip()}")
+    assert "damaged journal lost" in forced.stdout and "lost" in forced.stdout
+    c.wait_state(damaged, "primary", timeout=20)
+    found = drain_bodies(c[damaged].url, "q")
+    assert found and set(found) < sent.accepted, "what the damage took is gone, the rest is there"
+    assert all(data == body(n) for n, data in found.items()), "no message changed"
+
+
+# -- a backup's disk turns read-only ------------------------------------------------------------------------
+
+
+def _cluster_on_loop_disks(etcd: Any, tmp_path: Path, size: int) -> tuple[EtcdHa, list[Ext4Loop]]:
+    c = EtcdHa(etcd, tmp_path, size, data=True)
+    disks = []
+    try:
+        for index in range(size):
+            disks.append(Ext4Loop(c.data_dir(index)).__enter__())
+        c.start()
+    except BaseException:
+        c.stop()
+        for disk in disks:
+            disk.close()
+        raise
+    return c, disks
+
+
+@pytest.mark.etcd
+def test_a_backup_whose_disk_turns_read_only_leaves_and_producers_go_on(etcd, tmp_path):
+    c, disks = _cluster_on_loop_disks(etcd, tmp_path, 3)
+    try:
+        primary = c.wait_replicating()
+        create_durable_queue(c[primary], "q")
+        failing, other = [i for i in range(3) if i != primary]
+        for index in (failing, other):
+            c.wait_following(index, primary)
+        sender = NumberedSender(c.url_list, "q", count=4000, rate=400, durable=True, time_limit=90).start()
+        assert sender.wait_accepted(800, 30), sender.status()
+        failed_at = time.time()
+        disks[failing].fail()
+        assert sender.join(60) and sender.done, sender.status()
+        gap = sender.max_gap(since=failed_at - 0.5)
+        print(f"\n{c.ids[failing]}'s disk read-only: {sender.accepted_count} accepted, longest wait for an "
+              f"acknowledgement after the fault {gap:.2f} s")
+        assert not sender.missing() and not sender.rejected
+        assert gap < 5.0, "producers held while a backup that cannot store stayed in the sync set"
+
+        status = c.status(failing)
+        assert status is not None and status["state"] == "catchup", status and status["state"]
+        assert status["journal"]["writing"] is False and "Read-only" in status["journal"]["error"]
+        assert "cannot write" in (status.get("not_ready_because") or "")
+        query = c.query(primary)["ha"]
+        assert "Read-only file system" in query["not_storing"].get(c.ids[failing], ""), query["not_storing"]
+        assert query["acks_held"]["refusing"] is None
+        assert [m for m in query["members"] if m["node_id"] == c.ids[failing]] == [] or \
+            all(m["state"] != "ready" for m in query["members"] if m["node_id"] == c.ids[failing])
+        assert events(c[primary], "backup cannot store: it leaves the ready and sync sets")
+
+        # The operator repairs the disk: the node comes back and catches up.
+        c[failing].kill()
+        disks[failing].repair()
+        c.restart(failing).wait_ready(30)
+        c.wait_following(failing, primary, timeout=30)
+        verified = hastandby("verify", "-b", c[primary].address)
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+        receiver = drain([c[primary].url], "q", sender.accepted_set, time_limit=60)
+        assert not receiver.missing(sender.accepted_set)
+    finally:
+        c.stop()
+        for disk in disks:
+            disk.close()
+
+
+@pytest.mark.etcd
+def test_with_two_nodes_a_backup_that_cannot_store_gets_producers_a_clear_refusal(etcd, tmp_path):
+    """``--min-sync 2`` cannot be met without the backup: the primary refuses, naming it and why, at once;
+    nothing refused stays on a queue; messages are taken again once the backup is back and caught up."""
+    c, disks = _cluster_on_loop_disks(etcd, tmp_path, 2)
+    try:
+        primary = c.wait_replicating()
+        failing = 1 - primary
+        create_durable_queue(c[primary], "q")
+        c.wait_following(failing, primary)
+        before = send_bodies(c[primary].url, "q", range(1, 201))
+        assert before.accepted == set(range(1, 201))
+        disks[failing].fail()
+        started = time.monotonic()
+        during = send_bodies(c[primary].url, "q", range(201, 301), window=1, timeout=60)
+        took = time.monotonic() - started
+        conditions = set(during.rejected.values())
+        print(f"\ntwo nodes, the backup's disk read-only: {len(during.accepted)} accepted, {len(during.rejected)} "
+              f"refused in {took:.1f} s: {sorted(conditions)[:2]}")
+        assert during.rejected, "a refusal, not a silent hold"
+        assert all(text.startswith("amqp:resource-limit-exceeded") and c.ids[failing] in text
+                   for text in conditions), conditions
+        query = c.query(primary)["ha"]
+        assert query["acks_held"]["refusing"] and c.ids[failing] in query["acks_held"]["refusing"]
+        status = c.status(primary)
+        assert status and status.get("refusing"), "STATUS says why producers are refused"
+        shown = hastandby("status", "-b", c[primary].address)
+        assert "refusing messages for replicated queues" in shown.stdout, shown.stdout
+
+        c[failing].kill()
+        disks[failing].repair()
+        c.restart(failing).wait_ready(30)
+        c.wait_following(failing, primary, timeout=30)
+        after = send_bodies(c[primary].url, "q", range(301, 401))
+        assert after.accepted == set(range(301, 401)), after.rejected
+        accepted = before.accepted | during.accepted | after.accepted
+        found = drain_bodies(c[primary].url, "q")
+        check_every_body(found, accepted)
+        assert not set(found) & set(during.rejected), "a refused message was kept"
+    finally:
+        c.stop()
+        for disk in disks:
+            disk.close()
+
+
+# -- a full disk ----------------------------------------------------------------------------------------------
+
+
+def test_a_full_disk_stays_refused_until_a_probe_of_real_size_fits(node_factory, tmp_path):
+    """The issue's flapping: a little room back (the failed write cut off, a small file removed) must not
+    let the journal take durable messages again, only to fail the next ones; room for a probe of real size
+    does."""
+    with Tmpfs(tmp_path / "disk", 8 << 20) as disk:
+        small = disk.mount / "small"
+        small.write_bytes(bytes(64 << 10))
+        disk.fill(leave=100 << 10)  # about 250 of these messages' records
+        node = node_factory("--data-dir", str(disk.mount), name="full")
+        create_durable_queue(node, "q")
+        first = send_bodies(node.url, "q", range(1, 1001), window=1)
+        refused_from = min(first.rejected) if first.rejected else None
+        print(f"\nnearly full disk: {len(first.accepted)} accepted, then {len(first.rejected)} refused")
+        assert refused_from is not None, "the disk should fill"
+        assert all(n < refused_from for n in first.accepted), \
+            "accepted again after a refusal: the refusal flapped at the next small write"
+        assert all(text.startswith("amqp:resource-limit-exceeded") for text in first.rejected.values())
+        small.unlink()  # 64 KiB free again: room for a record or two, not for a pass of messages
+        time.sleep(2.5)  # a probe every second: none may pass
+        status = node.request("STATUS")["journal"]
+        assert status["writing"] is False and status["error"] == "No space left on device", status
+        more = send_bodies(node.url, "q", range(1001, 1021), window=1)
+        assert not more.accepted and len(more.rejected) == 20, "taken again with 64 KiB free: it would flap"
+        (disk.mount / "filler").unlink()
+        wait_for(lambda: node.request("STATUS")["journal"]["writing"] is True, 10, "the journal writing again")
+        after = send_bodies(node.url, "q", range(1021, 1041), window=1)
+        assert after.accepted == set(range(1021, 1041))
+        node.kill()
+        node.start()
+        found = drain_bodies(node.url, "q")
+        check_every_body(found, first.accepted | after.accepted)
+        assert not set(found) & (set(first.rejected) | set(more.rejected)), "a refused message was kept"
