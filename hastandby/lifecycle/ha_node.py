@@ -344,12 +344,32 @@ class HaNode:
     def _store_writing(self, reason: str | None) -> None:
         """The journal cannot write (``reason``), or writes again (None).  A backup that cannot store leaves its
         primary at once, telling it why (``BackupReplication.cannot_store``), and is not ready until it writes
-        again; then it catches up.  A primary's journal refuses durable messages by itself meanwhile."""
+        again; then it catches up.  A primary's journal refuses durable messages meanwhile, and with etcd the
+        primary hands over to a ready backup of the sync set (``_hand_over_from_a_failing_disk``)."""
         self._backup.cannot_store(reason)
         if reason is not None and self.status.state in (State.CONNECTING, State.CATCHUP, State.BACKUP):
             log.error("this node's journal cannot write: leaving the primary, not ready until it writes again",
                       error=reason, state=str(self.status.state), primary=self.primary_url)
         self.fire(Event.STORE_FAILED if reason is not None else Event.STORE_RESTORED)
+        if reason is not None:
+            self._hand_over_from_a_failing_disk()
+
+    def _hand_over_from_a_failing_disk(self) -> None:
+        """A primary that cannot write refuses every durable message; a backup that can holds everything it
+        acknowledged: hand over to one (the operator's handover, through etcd), and look again every second
+        while the disk fails and no backup is ready."""
+        journal, election = self.node.journal, self.election
+        if journal is None or journal.full is None or election is None or not self.is_primary:
+            return
+        snapshot = election.snapshot
+        ready = sorted(m.node_id for m in (snapshot.members if snapshot is not None else ())
+                       if m.state is State.BACKUP and m.node_id != self.node_id and snapshot is not None
+                       and snapshot.in_sync(m.node_id) and not m.store.damaged)
+        if ready:
+            log.error("this primary's journal cannot write: handing over to a backup that can", error=journal.full,
+                      target=ready[0])
+            election.hand_over(ready[0], ttl=10)
+        self.node.schedule(1.0, self._hand_over_from_a_failing_disk)
 
     def _lost(self, reason: str) -> None:
         if self.election is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from types import TracebackType
 
@@ -96,7 +97,11 @@ class Ext4Loop:
         assert self.device is not None
         _run("umount", str(self.mount))
         self.mounted = False
-        result = subprocess.run(["e2fsck", "-fy", self.device], capture_output=True, text=True, timeout=120)
+        for _ in range(20):  # the kernel may hold the device a moment after the unmount (udev's probe)
+            result = subprocess.run(["e2fsck", "-fy", self.device], capture_output=True, text=True, timeout=120)
+            if "in use" not in result.stdout + result.stderr:
+                break
+            time.sleep(0.25)
         if result.returncode not in (0, 1):  # 1: errors corrected
             raise RuntimeError(f"e2fsck {self.device} failed ({result.returncode}): {result.stdout[-500:]}")
         self._mount()

@@ -420,6 +420,45 @@ def test_with_two_nodes_a_backup_that_cannot_store_gets_producers_a_clear_refusa
             disk.close()
 
 
+@pytest.mark.etcd
+def test_a_primary_whose_disk_turns_read_only_hands_over_to_a_backup_that_can_write(etcd, tmp_path):
+    """A primary that cannot write would refuse every durable message for as long as its disk is broken: it
+    hands over to a ready backup instead, and a producer with the URL list goes on."""
+    c, disks = _cluster_on_loop_disks(etcd, tmp_path, 3)
+    try:
+        primary = c.wait_replicating()
+        create_durable_queue(c[primary], "q")
+        sender = NumberedSender(c.url_list, "q", count=3000, rate=300, durable=True, time_limit=90).start()
+        assert sender.wait_accepted(600, 30), sender.status()
+        failed_at = time.time()
+        disks[primary].fail()
+        new, _ = c.wait_new_primary([i for i in range(3) if i != primary], timeout=20)
+        wait_for(lambda: sender.issued >= 3000 and not sender.in_flight, 60, "every message settled")
+        sender.stop()
+        sender.join(10)
+        gap = sender.max_gap(since=failed_at - 0.5)
+        print(f"\nthe primary's disk read-only: {c.ids[new]} took over; {sender.accepted_count} accepted, "
+              f"{len(sender.rejected)} refused (the write that failed), longest wait for an acknowledgement "
+              f"{gap:.2f} s")
+        assert sender.accepted_set | set(sender.rejected) == set(range(1, 3001)), "every message answered"
+        assert len(sender.rejected) < 100, "only what the failed write held is refused"
+        assert gap < 5.0
+        assert events(c[primary], "this primary's journal cannot write: handing over to a backup that can")
+        status = c.status(primary)
+        assert status is not None and status["state"] == "connecting" and "cannot write" in \
+            (status.get("not_ready_because") or ""), status
+        c[primary].kill()
+        disks[primary].repair()
+        c.restart(primary).wait_ready(30)
+        c.wait_following(primary, new, timeout=30)
+        receiver = drain([c[new].url], "q", sender.accepted_set, time_limit=60)
+        assert not receiver.missing(sender.accepted_set)
+    finally:
+        c.stop()
+        for disk in disks:
+            disk.close()
+
+
 # -- a full disk ----------------------------------------------------------------------------------------------
 
 
