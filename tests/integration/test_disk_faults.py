@@ -421,6 +421,36 @@ def test_with_two_nodes_a_backup_that_cannot_store_gets_producers_a_clear_refusa
 
 
 @pytest.mark.etcd
+def test_a_backup_whose_disk_fills_leaves_and_comes_back_by_itself_once_there_is_room(etcd, tmp_path):
+    """ENOSPC on a backup: it leaves (producers go on, min_sync met by the others), says why, and once the
+    operator makes room its probe fits: it reconnects and catches up without a restart."""
+    c = EtcdHa(etcd, tmp_path, 3, data=True)
+    disks = [Tmpfs(c.data_dir(index), 16 << 20).__enter__() for index in range(3)]
+    try:
+        c.start()
+        primary = c.wait_replicating()
+        create_durable_queue(c[primary], "q")
+        full, other = [i for i in range(3) if i != primary]
+        disks[full].fill(leave=64 << 10)  # about 1,000 of these messages
+        sender = NumberedSender(c.url_list, "q", count=3000, rate=500, durable=True, time_limit=90).start()
+        assert sender.join(60) and sender.done, sender.status()
+        status = c.status(full)
+        print(f"\n{c.ids[full]}'s disk full: {sender.accepted_count} accepted, longest wait "
+              f"{sender.max_gap():.2f} s; {c.ids[full]}: {status and status.get('not_ready_because')}")
+        assert status is not None and status["state"] == "catchup" and status["journal"]["writing"] is False
+        assert "No space left on device" in c.query(primary)["ha"]["not_storing"].get(c.ids[full], "")
+        (c.data_dir(full) / "filler").unlink()
+        c.wait_following(full, primary, timeout=30)
+        assert c.query(primary)["ha"]["not_storing"] == {}
+        verified = hastandby("verify", "-b", c[primary].address)
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+    finally:
+        c.stop()
+        for disk in disks:
+            disk.__exit__(None, None, None)
+
+
+@pytest.mark.etcd
 def test_a_primary_whose_disk_turns_read_only_hands_over_to_a_backup_that_can_write(etcd, tmp_path):
     """A primary that cannot write would refuse every durable message for as long as its disk is broken: it
     hands over to a ready backup instead, and a producer with the URL list goes on."""
