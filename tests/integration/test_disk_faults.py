@@ -16,23 +16,17 @@ Needs root (mounts, loop devices) and etcd.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from proton import Message
-from proton.handlers import MessagingHandler
-from proton.reactor import Container
-from proton.utils import BlockingConnection
 
 from hastandby.broker import journal_files
 from hastandby.client import ManagementClient
+from hastandby.testing.bodies import body, check_every_body, drain_bodies, send_bodies
 from hastandby.testing.disks import Ext4Loop, Tmpfs, flip
 from hastandby.testing.etcd_ha import EtcdHa
 from hastandby.testing.nodes import REPO, NodeProcess
@@ -42,101 +36,6 @@ from hastandby.testing.waiting import wait_for
 pytestmark = pytest.mark.timeout(240)
 
 COUNT = 2000
-
-
-def body(number: int) -> bytes:
-    """Message ``number``'s body: 300 bytes no other message has, so a wrong or damaged one shows."""
-    seed = hashlib.sha256(b"%d" % number).digest()
-    return b"%06d:" % number + (seed * 10)[:293]
-
-
-class BodySender(MessagingHandler):
-    """Sends durable messages 1..count (id and body from the number), up to ``window`` at a time; records
-    which were accepted and which rejected (with the condition)."""
-
-    def __init__(self, url: str, queue: str, numbers: range, window: int = 100) -> None:
-        super().__init__(auto_settle=True)
-        self.url, self.queue, self.numbers, self.window = url, queue, numbers, window
-        self.next = iter(numbers)
-        self.outstanding = 0
-        self.accepted: set[int] = set()
-        self.accepted_at: list[float] = []
-        self.rejected: dict[int, str] = {}
-        self.errors: list[str] = []
-        self.done = threading.Event()
-        self._exhausted = False
-
-    def on_start(self, event: Any) -> None:
-        connection = event.container.connect(self.url, allow_insecure_mechs=True, heartbeat=1)
-        event.container.create_sender(connection, self.queue)
-
-    def on_sendable(self, event: Any) -> None:
-        while event.sender.credit and self.outstanding < self.window and not self._exhausted:
-            number = next(self.next, None)
-            if number is None:
-                self._exhausted = True
-                break
-            event.sender.send(Message(id=number, body=body(number), durable=True), tag=str(number))
-            self.outstanding += 1
-        if self._exhausted and self.outstanding == 0 and not self.done.is_set():
-            self.done.set()
-            event.connection.close()
-
-    def _settled(self, event: Any) -> None:
-        self.outstanding -= 1
-        self.on_sendable(event)
-
-    def on_accepted(self, event: Any) -> None:
-        self.accepted.add(int(event.delivery.tag))
-        self.accepted_at.append(time.time())
-        self._settled(event)
-
-    def on_rejected(self, event: Any) -> None:
-        condition = event.delivery.remote.condition
-        self.rejected[int(event.delivery.tag)] = f"{condition.name}: {condition.description}" if condition else "?"
-        self._settled(event)
-
-    def on_transport_error(self, event: Any) -> None:
-        self.errors.append(str(event.transport.condition))
-        self.done.set()
-
-
-def send_bodies(url: str, queue: str, numbers: range, timeout: float = 120.0, **options: Any) -> BodySender:
-    sender = BodySender(url, queue, numbers, **options)
-    thread = threading.Thread(target=Container(sender).run, daemon=True)
-    thread.start()
-    assert sender.done.wait(timeout), f"sender stuck: {len(sender.accepted)} accepted, {len(sender.rejected)} rejected"
-    thread.join(10)
-    assert not sender.errors, sender.errors
-    return sender
-
-
-def drain_bodies(url: str, queue: str, timeout: float = 60.0) -> dict[int, bytes]:
-    """Every message on ``queue``: number -> body (each number once: a second copy fails the test)."""
-    connection = BlockingConnection(url, timeout=10, allow_insecure_mechs=True)
-    found: dict[int, bytes] = {}
-    try:
-        receiver = connection.create_receiver(queue, credit=500)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                message = receiver.receive(timeout=2)
-            except Exception:  # noqa: BLE001 - proton's Timeout: the queue is drained
-                break
-            number = int(message.id)
-            assert number not in found, f"message {number} delivered twice"
-            found[number] = bytes(message.body)
-            receiver.accept()
-    finally:
-        connection.close()
-    return found
-
-
-def check_every_body(found: dict[int, bytes], acknowledged: set[int]) -> None:
-    missing = sorted(acknowledged - found.keys())
-    assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {missing[:10]}"
-    wrong = [n for n, data in found.items() if data != body(n)]
-    assert not wrong, f"{len(wrong)} messages with a wrong body, e.g. {wrong[:10]}"
 
 
 def create_durable_queue(node: NodeProcess, name: str) -> None:
@@ -149,18 +48,6 @@ def hastandby(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[
                           timeout=timeout)
 
 
-def events(node: NodeProcess, name: str) -> list[dict[str, Any]]:
-    found = []
-    for line in node.log_path.read_text(errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and record.get("event") == name:
-            found.append(record)
-    return found
-
-
 def stays_out(c: EtcdHa, index: int, seconds: float) -> list[str | None]:
     """Node ``index``'s states over ``seconds``: it must never be primary meanwhile."""
     seen = []
@@ -171,6 +58,17 @@ def stays_out(c: EtcdHa, index: int, seconds: float) -> list[str | None]:
         assert state != "primary", f"{c.ids[index]} was elected while its journal lacked data: {seen}"
         time.sleep(0.1)
     return seen
+
+
+def verified_then_served_by(c: EtcdHa, primary: int, recovered: int, acknowledged: set[int]) -> None:
+    """``hastandby verify`` finds every backup equal to the primary; then the node that recovered from the
+    damage takes over (``promote``) and serves every acknowledged message, byte for byte."""
+    verified = hastandby("verify", "-b", c[primary].address)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    promoted = hastandby("promote", "-b", c[recovered].address)
+    assert promoted.returncode == 0, promoted.stdout + promoted.stderr
+    c.wait_state(recovered, "primary", timeout=20)
+    check_every_body(drain_bodies(c[recovered].url, "q"), acknowledged)
 
 
 JOURNAL_DAMAGED = ("journal damaged: records that were on disk are lost on this node; the file is kept aside. "
@@ -226,20 +124,14 @@ def test_bit_rot_in_a_sync_members_journal_loses_nothing_in_any_restart_order(ha
     wait_for(lambda: not (c.status(damaged) or {}).get("journal", {}).get("damaged"), 20,
              "the damaged node holding everything again (caught up)")
 
-    logged = events(c[damaged], JOURNAL_DAMAGED)
+    logged = c.events(damaged, JOURNAL_DAMAGED)
     assert logged and logged[-1]["lost_bytes"] > 0 and logged[-1]["ranges"], "an error naming what was lost"
     quarantined = Path(logged[-1]["quarantined"])
     assert quarantined.exists() and quarantined.name.startswith(journal_files.QUARANTINE_PREFIX)
     assert not (c.data_dir(damaged) / journal_files.DAMAGE).exists()
     print(f"lost on {c.ids[damaged]}: {logged[-1]['ranges']}, kept as {quarantined.name}")
 
-    verified = hastandby("verify", "-b", c[primary].address)
-    assert verified.returncode == 0, verified.stdout + verified.stderr
-    # The recovered node takes over and serves every message, byte for byte.
-    promoted = hastandby("promote", "-b", c[damaged].address)
-    assert promoted.returncode == 0, promoted.stdout + promoted.stderr
-    c.wait_state(damaged, "primary", timeout=20)
-    check_every_body(drain_bodies(c[damaged].url, "q"), sent.accepted)
+    verified_then_served_by(c, primary, damaged, sent.accepted)
 
 
 @pytest.mark.etcd
@@ -273,13 +165,8 @@ def test_bit_rot_then_every_node_killed_the_damaged_node_back_first_waits_for_an
     c.restart(primary).wait_ready(30)
     c.wait_following(damaged, intact, timeout=30)
     c.wait_following(primary, intact, timeout=30)
-    assert events(c[damaged], JOURNAL_DAMAGED), "the damage was found"
-    verified = hastandby("verify", "-b", c[intact].address)
-    assert verified.returncode == 0, verified.stdout + verified.stderr
-    promoted = hastandby("promote", "-b", c[damaged].address)
-    assert promoted.returncode == 0, promoted.stdout + promoted.stderr
-    c.wait_state(damaged, "primary", timeout=20)
-    check_every_body(drain_bodies(c[damaged].url, "q"), sent.accepted)
+    assert c.events(damaged, JOURNAL_DAMAGED), "the damage was found"
+    verified_then_served_by(c, intact, damaged, sent.accepted)
 
 
 @pytest.mark.etcd
@@ -358,7 +245,7 @@ def test_a_backup_whose_disk_turns_read_only_leaves_and_producers_go_on(etcd, tm
         assert query["acks_held"]["refusing"] is None
         assert [m for m in query["members"] if m["node_id"] == c.ids[failing]] == [] or \
             all(m["state"] != "ready" for m in query["members"] if m["node_id"] == c.ids[failing])
-        assert events(c[primary], "backup cannot store: it leaves the ready and sync sets")
+        assert c.events(primary, "backup cannot store: it leaves the ready and sync sets")
 
         # The operator repairs the disk: the node comes back and catches up.
         c[failing].kill()
@@ -473,7 +360,7 @@ def test_a_primary_whose_disk_turns_read_only_hands_over_to_a_backup_that_can_wr
         assert sender.accepted_set | set(sender.rejected) == set(range(1, 3001)), "every message answered"
         assert len(sender.rejected) < 100, "only what the failed write held is refused"
         assert gap < 5.0
-        assert events(c[primary], "this primary's journal cannot write: handing over to a backup that can")
+        assert c.events(primary, "this primary's journal cannot write: handing over to a backup that can")
         status = c.status(primary)
         assert status is not None and status["state"] == "connecting" and "cannot write" in \
             (status.get("not_ready_because") or ""), status

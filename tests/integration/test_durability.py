@@ -13,20 +13,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
-import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
-from proton import Message
-from proton.handlers import MessagingHandler
-from proton.reactor import Container
 
 from hastandby.testing.numbered_client import NumberedSender, drain
 from hastandby.broker import journal_format as jf
 from hastandby.client import ManagementClient
+from hastandby.testing.bodies import check_every_body, drain_bodies, send_bodies
+from hastandby.testing.disks import Tmpfs
 from hastandby.testing.etcd_ha import EtcdHa
 from hastandby.testing.nodes import REPO, NodeProcess
 from hastandby.testing.waiting import wait_for
@@ -161,64 +157,14 @@ def test_a_torn_journal_tail_costs_only_the_torn_record(node_factory, tmp_path):
     send_durable([node.url], 10, queue="q2_" + str(int(time.time())))
 
 
-class RecordingSender(MessagingHandler):
-    """Sends 10 KB durable messages one at a time; records each outcome and the rejections' conditions."""
-
-    def __init__(self, url: str, queue: str, count: int) -> None:
-        super().__init__(auto_settle=True)
-        self.url, self.queue, self.count = url, queue, count
-        self.sent = 0
-        self.accepted: set[int] = set()
-        self.rejected: dict[int, str] = {}
-        self.errors: list[str] = []
-        self.done = threading.Event()
-
-    def on_start(self, event: Any) -> None:
-        connection = event.container.connect(self.url, allow_insecure_mechs=True)
-        event.container.create_sender(connection, self.queue)
-
-    def on_sendable(self, event: Any) -> None:
-        if self.sent < self.count and self.sent == len(self.accepted) + len(self.rejected):
-            self.sent += 1
-            event.sender.send(Message(id=self.sent, body=b"x" * 10_000, durable=True), tag=str(self.sent))
-
-    def _outcome(self, event: Any) -> None:
-        if self.sent == self.count:
-            self.done.set()
-            event.connection.close()
-        else:
-            self.on_sendable(event)
-
-    def on_accepted(self, event: Any) -> None:
-        self.accepted.add(int(event.delivery.tag))
-        self._outcome(event)
-
-    def on_rejected(self, event: Any) -> None:
-        condition = event.delivery.remote.condition
-        self.rejected[int(event.delivery.tag)] = f"{condition.name}: {condition.description}" if condition else "?"
-        self._outcome(event)
-
-    def on_transport_error(self, event: Any) -> None:
-        self.errors.append(str(event.transport.condition))
-        self.done.set()
-
-
-def test_a_full_disk_refuses_durable_messages_clearly_and_loses_nothing_acknowledged(node_factory):
-    mount = Path(tempfile.mkdtemp(prefix="hastandby-full-"))
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
-                            capture_output=True, text=True)
-    assert result.returncode == 0, f"cannot mount a 2 MiB tmpfs (the test needs root): {result.stderr}"
-    try:
-        node = node_factory("--data-dir", str(mount), name="full")
+def test_a_full_disk_refuses_durable_messages_clearly_and_loses_nothing_acknowledged(node_factory, tmp_path):
+    with Tmpfs(tmp_path / "disk", 2 << 20) as disk:
+        node = node_factory("--data-dir", str(disk.mount), name="full")
         create_durable_queue(node, "q")
-        sender = RecordingSender(node.url, "q", 400)  # 4 MB of durable messages on a 2 MiB disk
-        thread = threading.Thread(target=Container(sender).run, daemon=True)
-        thread.start()
-        assert sender.done.wait(120), f"sender stuck after {sender.sent}"
-        thread.join(10)
+        # 4 MB of durable messages, one at a time, on a 2 MiB disk
+        sender = send_bodies(node.url, "q", range(1, 401), window=1, size=10_000)
         print(f"\n2 MiB disk: {len(sender.accepted)} accepted, {len(sender.rejected)} rejected, "
               f"first: {next(iter(sender.rejected.values()), None)}")
-        assert not sender.errors, sender.errors
         assert sender.accepted and sender.rejected, "the disk should fill part way through"
         assert all(text.startswith("amqp:resource-limit-exceeded") for text in sender.rejected.values()), \
             set(sender.rejected.values())
@@ -226,33 +172,15 @@ def test_a_full_disk_refuses_durable_messages_clearly_and_loses_nothing_acknowle
                  10, "a log line about the failed write")
         # The node keeps serving: a non-durable message is still taken, and every accepted one drains.
         NumberedSender([node.url], "plain", count=10, time_limit=20).start().join(20)
-        received = drain_ids(node, "q", len(sender.accepted))
-        assert received == sender.accepted, f"accepted but not there: {sorted(sender.accepted - received)[:20]}"
+        found = drain_bodies(node.url, "q")
+        check_every_body(found, sender.accepted, size=10_000)
+        assert set(found) == sender.accepted, f"refused but there: {sorted(set(found) - sender.accepted)[:20]}"
         # Restarted on the same nearly full disk it starts (no crash loop; a journal it cannot compact is
         # kept as it is).  Dequeues the full disk did not take may bring drained messages back (at least
         # once), but nothing beyond what was accepted.
         node.kill()
         node.start()
         assert journal(node)["recovered_messages"] <= len(sender.accepted)
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
-        mount.rmdir()
-
-
-def drain_ids(node: NodeProcess, queue: str, count: int) -> set[int]:
-    from proton.utils import BlockingConnection
-
-    connection = BlockingConnection(node.url, timeout=10, allow_insecure_mechs=True)
-    try:
-        receiver = connection.create_receiver(queue, credit=100)
-        ids = set()
-        for _ in range(count):
-            message = receiver.receive(timeout=10)
-            ids.add(int(message.id))
-            receiver.accept()
-        return ids
-    finally:
-        connection.close()
 
 
 # -- an operator's choice -----------------------------------------------------------------------
