@@ -4,18 +4,19 @@ Each record is ``length (u32) | crc32 of type and body (u32) | type (u8) | body`
 little-endian, with ``length`` counting the type byte and the body.
 
 A record that is incomplete or whose checksum fails is either a **torn tail**
-(a crash in the middle of the last write: nothing intact follows it, and
-nothing in it was acknowledged) or **damage** (bit rot, a bad sector, a
-stray write: intact records follow it).  The reader tells them apart by
+(a crash in the middle of the last write: nothing intact follows it, its
+last record is cut short, and nothing in it was acknowledged) or **damage**
+(bit rot, a bad sector, a stray write: intact records follow it, or it is
+the last record and all its bytes are there).  The reader tells them apart by
 looking for the next intact record (``_resync``): first where the bad
 record's own length says the next one starts (damage inside a record's body,
 by far the most bytes), then by a scan for a plausible record head whose
 checksum holds and whose successor is intact too (damage to a length).  A
 tail is reported as ``Read.torn`` and may be cut; damage is reported as
 ``Read.damaged`` byte ranges, and the records after it are read on: nothing
-intact is ever cut.  (A journal whose last records are damaged looks like a
+intact is ever cut.  (A last record whose *length* was damaged looks like a
 torn tail to this reader; ``journal.py``'s checkpoint of the bytes known to
-be on disk tells those apart.)
+be on disk tells those apart, and so does a clean stop.)
 
 Record types and bodies:
 
@@ -195,10 +196,25 @@ def _walk(data: Buffer, view: memoryview, result: Read) -> Iterator[tuple[int, A
             return
         resume = _resync(data, view, stop)
         if resume is None:
-            result.torn = True
+            whole = _whole_end(data, stop)
+            if whole is not None:  # all its bytes are there, yet its checksum fails: damaged, not torn
+                result.damaged.append((stop, whole))
+            result.torn = whole != end
             return
         result.damaged.append((stop, resume))
         offset = resume
+
+
+def _whole_end(data: Buffer, offset: int) -> int | None:
+    """Where the record at ``offset`` ends if every byte its length names is in the file (None: it is cut
+    short).  A write torn by a crash leaves its last record short (a file system that orders data before
+    the size that covers it, as ext4 does, shows a prefix of an interrupted append); a record that is whole
+    and still fails its checksum was damaged after it was written, acknowledged perhaps."""
+    if len(data) - offset < _HEAD.size:
+        return None
+    (length,) = _NUMBER.unpack_from(data, offset)
+    stop = offset + _HEAD.size + length - 1
+    return stop if 1 <= length <= MAX_RECORD and stop <= len(data) else None
 
 
 def _intact_run(data: Buffer, view: memoryview, offset: int, result: Read) -> Iterator[tuple[int, Any]]:

@@ -185,3 +185,19 @@ def test_a_node_lacks_data_across_restarts_until_it_is_repaired(tmp_path):
 def test_an_unreadable_damage_record_still_says_the_node_lacks_data(tmp_path):
     (tmp_path / files.DAMAGE).write_bytes(b"{not json")
     assert files.read_damage(tmp_path) and "unreadable" in files.read_damage(tmp_path)[0]["what"]
+
+
+def test_rot_in_the_last_record_right_after_a_crash_is_damage_though_no_checkpoint_covers_it(tmp_path, monkeypatch):
+    """The nemesis' find (schedule damaged-tail-sync-member-first): kill -9 less than a second after the last
+    acknowledged write, then rot in it.  Its bytes are all there, so a crash did not tear it: damage, and
+    the node lacks data (it would otherwise start the cluster and the others drop their copies of it)."""
+    monkeypatch.setattr("hastandby.broker.journal.CHECKPOINT_INTERVAL", 3600.0)  # only the start's checkpoint
+    _, journal = fill(tmp_path, 5)
+    crash(journal)
+    path = tmp_path / "journal"
+    start, stop = runs(path)[-1]
+    flip(path, stop - 6)
+    registry, again, _ = node(tmp_path)
+    assert again.damage and again.damage[0]["ranges"][0]["offset"] == start
+    assert [b for _, b in bodies(registry, "orders")] == all_bodies(4)
+    again.close()

@@ -104,13 +104,23 @@ def test_several_damaged_stretches_are_each_skipped():
     assert [body[1] for kind, body in found if kind == jf.ENQUEUE] == [1, 4, 5, 6, 8, 9, 10]
 
 
-def test_damage_in_the_last_record_looks_like_a_torn_tail_to_the_reader():
+def test_a_whole_last_record_that_fails_its_checksum_is_damage_and_one_cut_short_is_torn():
+    """A crash leaves the last record of an interrupted append short; rot leaves all its bytes there."""
     data = bytearray(records())
     data[-len(jf.close_record()) - 3] ^= 0xFF  # the term record, the last but one: the close record follows
     _, result = read(bytes(data))
     assert result.damaged and not result.torn
     data = bytearray(records())
-    data[-1 - len(jf.close_record()) + 5] ^= 0xFF  # the close record's checksum: nothing follows it
+    data[-1 - len(jf.close_record()) + 5] ^= 0xFF  # the close record's checksum: whole, nothing follows it
+    _, result = read(bytes(data))
+    assert result.damaged == [(len(data) - len(jf.close_record()), len(data))] and not result.torn
+    _, result = read(records()[:-3])  # the close record cut short
+    assert result.torn and not result.damaged
+
+
+def test_damage_to_the_last_records_length_looks_like_a_torn_tail_to_the_reader():
+    data = bytearray(records())
+    data[-len(jf.close_record())] ^= 0x40  # the close record's length now runs past the end of the file
     _, result = read(bytes(data))
     assert result.torn and not result.damaged  # journal.py's checkpoint tells this one from a torn write
 
@@ -127,6 +137,7 @@ def test_a_run_whose_lengths_do_not_add_up_ends_the_good_part():
     body[8 + 16] = 3  # the first length says 3: the lengths no longer add up to the bytes
     lying = jf.record(jf.ENQUEUE_RUN, bytes(body))  # a valid checksum over a lying body
     found, result = read(good + lying)
-    assert result.torn and result.valid_bytes == len(good) and len(found) == 1
+    assert result.damaged == [(len(good), len(good + lying))] and not result.torn, "whole, yet not a record"
+    assert result.valid_bytes == len(good) and len(found) == 1
     found, result = read(good + run[:-1])  # cut inside the run
     assert result.torn and result.valid_bytes == len(good)
