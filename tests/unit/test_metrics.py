@@ -129,7 +129,10 @@ def test_a_primary_snapshot_becomes_every_metric():
     assert value("hastandby_memory_producers_blocked") == 1
     assert value("hastandby_memory_peer_alarm", peer="n3") == 1
     assert value("hastandby_journal_writing") == 1
+    assert value("hastandby_journal_damaged") == 0
     assert value("hastandby_journal_bytes_written_total") == 5000
+    assert value("hastandby_backup_not_storing", backup="n4") == 1  # the disk faults, as QUERY names them
+    assert value("hastandby_refusing_min_sync") == 1
     assert value("hastandby_failed_logins_total") == 12
     assert value("hastandby_throttled_sources") == 1
     assert value("hastandby_handshakes") == 4
@@ -297,3 +300,11 @@ def test_arrivals_say_whether_they_sampled():
     assert arrivals.add(1) is True
     assert arrivals.add(2) is False
     assert arrivals.oldest(lambda i: i <= 1) is None
+
+
+def test_a_damaged_or_failing_journal_shows_in_the_metrics():
+    status = dict(STATUS, journal=dict(STATUS["journal"], writing=False, error="Read-only file system",
+                                       damaged=[{"file": "journal.quarantined-x", "lost_bytes": 4032}]))
+    samples = scrape(_Fixed(Snapshot(status, QUERY)))
+    assert samples[("hastandby_journal_writing", ())] == 0
+    assert samples[("hastandby_journal_damaged", ())] == 1
