@@ -10,10 +10,10 @@ ordinary proton clients, and checks what came out (``docs/nemesis.md``).
 | ``schedule`` | ops and schedules as data: the seeded generator and the fixed schedules (pure) |
 | ``hastandby.testing.checker`` | the total-queue checker and the replica diff (pure) |
 | ``hastandby.testing.netns`` | ``Network``: namespaces on a bridge; partitions as neighbour entries |
-| ``hastandby.testing.netns_cluster`` | etcd and the nodes in their namespaces; signals, restarts, promote, status |
+| ``hastandby.testing.netns_cluster`` | etcd and the nodes in their namespaces; signals, restarts, promote, status; the nodes' disks (bit rot, a file system failed and repaired) |
 | ``hastandby.testing.netns_workload`` | the clients process (``hastandby.testing.numbered_client``) in its namespace; the history read back; the final drain |
 | ``replicas`` | browsing the replicas and comparing them |
-| ``executor`` | runs ops against the cluster |
+| ``executor`` | runs ops (and assertions) against the cluster |
 | ``runner`` | one schedule from start to verdict |
 | ``trace`` | the schedule's failover-format trace |
 | ``command`` | the command line, the table and the summary JSON |

@@ -1,8 +1,9 @@
 """The command line: run random and/or fixed schedules, print a table, write the summary JSON.
 
 Exit code 1 if any schedule lost or conjured a message, showed a replica
-mismatch, could not be completed (no verdict: the cluster did not settle, or
-the drain did not empty the queue), or the run was interrupted.
+mismatch, had an assertion that did not hold, could not be completed (no
+verdict: the cluster did not settle, or the drain did not empty the queue),
+or the run was interrupted.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from hastandby.testing.paths import results_dir
 from hastandby.testing.provenance import host_info, uncommitted_changes
 
 from .runner import Settings, run_schedule
-from .schedule import FAULT_KINDS, FIXED, Schedule, parse_faults, random_schedule
+from .schedule import CANARIES, FAULT_KINDS, FIXED, Schedule, parse_faults, random_schedule
 
 
 def _faults(text: str) -> tuple[str, ...]:
@@ -36,9 +37,10 @@ def _faults(text: str) -> tuple[str, ...]:
 
 def _fixed(text: str) -> list[str]:
     names = list(FIXED) if text == "all" else [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in FIXED]
+    unknown = [n for n in names if n not in FIXED and n not in CANARIES]
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown fixed schedule(s) {unknown}: use {', '.join(FIXED)} or all")
+        raise argparse.ArgumentTypeError(f"unknown fixed schedule(s) {unknown}: use {', '.join(FIXED)} or all "
+                                         f"(or a negative control, which must fail: {', '.join(CANARIES)})")
     return names
 
 
@@ -54,9 +56,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--faults", type=_faults, default=FAULT_KINDS,
                    help="comma-separated fault kinds random schedules draw from: kill (kill -9), all or kill9-all "
                         "(kill -9 of every node at once), stop (SIGSTOP), term (SIGTERM), promote, etcd (primary cut from etcd), backups (primary cut from its "
-                        "backups), clients (clients cut from the primary); default all")
+                        "backups), clients (clients cut from the primary); default all of these. Disk faults only "
+                        "when named: rot (a node, or every node, down with bit rot in its journal before its "
+                        "restart), ro or disk-read-only (a backup's file system fails, later it is repaired)")
     p.add_argument("--fixed", type=_fixed, default=[], metavar="NAMES|all",
-                   help=f"run these fixed schedules first: {', '.join(FIXED)}")
+                   help=f"run these fixed schedules first: {', '.join(FIXED)}; also the negative controls, which "
+                        f"must fail (not in all): {', '.join(CANARIES)}")
     p.add_argument("--out", type=Path, help="trace directory (default results/nemesis-traces-<UTC>/)")
     p.add_argument("--results", type=Path, default=results_dir(), help="where the summary JSON goes")
     p.add_argument("--keep-logs", action="store_true",
@@ -84,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         parser().error("needs root: every node, etcd and the clients run in network namespaces of their own")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1_000_000)
-    schedules: list[Schedule] = [FIXED[name] for name in args.fixed]
+    schedules: list[Schedule] = [FIXED.get(name) or CANARIES[name] for name in args.fixed]
     schedules += [random_schedule(seed + i, args.faults) for i in range(count)]
     started = datetime.now(UTC)
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
@@ -169,8 +174,10 @@ def _progress(result: dict[str, Any]) -> str:
         notes.append(f"lost: {', '.join(result['lost_ids'][:10])}")
     notes += [f"mismatch after {c['after']}: {'; '.join(c.get('diffs', []))[:300]}"
               for c in result["replica_checks"] if c.get("mismatches")]
+    notes += [f"VIOLATED {s}" for s in result.get("violated", [])[:5]]
     notes += [f"skipped {s}" for s in result["skipped_ops"][:5]]
     notes += [f"FAILED {s}" for s in result["failed_ops"][:5]]
+    notes += [f"timeout {s}" for s in result.get("timeout_ops", [])[:5]]
     notes += [f"node: {p[:200]}" for p in result["node_problems"][:3]]
     if result["logs"]:
         notes.append(f"logs: {result['logs']}")
@@ -219,5 +226,5 @@ def print_table(results: list[dict[str, Any]]) -> None:
             for kind, f in by_queue.items()))
     bad = sum(1 for r in results if not r["ok"])
     print(f"{len(results)} schedules, {bad} with a problem (INVALID: lost or unexpected messages; MISMATCH: a "
-          "backup's copy differs; NO VERDICT: not drained, e.g. no primary after the schedule; VIP MISPLACED: the "
-          "virtual IP on another node than the primary at a check)")
+          "backup's copy differs; NO VERDICT: not drained, e.g. no primary after the schedule; VIOLATED: an assert "
+          "op did not hold; VIP MISPLACED: the virtual IP on another node than the primary at a check)")

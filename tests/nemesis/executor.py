@@ -6,11 +6,14 @@ The schedule rules (``schedule.py``) are checked again here, against the
 real cluster rather than the generator's timeline: a node goes down only
 when no other node is down or still rejoining (waiting, bounded, for a
 restarted node to report ``backup``), and a fault is never applied to a node
-already frozen or down.  An op that cannot run is recorded as ``skipped``
+already frozen or down (a node whose disk failed counts as down until its
+repair).  An op that cannot run is recorded as ``skipped``
 with the reason; one whose wait runs out as ``timeout``.  Neither stops the
 schedule: what happened is in the trace and the final phase still heals,
-drains and checks.  Every wait is bounded, and so is the whole op phase
-(``OPS_BUDGET``): ops left when it is spent are skipped.
+drains and checks.  An ``assert`` op that does not hold is recorded as
+``violated: <what was seen>`` and fails the schedule (``violated``).  Every
+wait is bounded, and so is the whole op phase (``OPS_BUDGET``): ops left when
+it is spent are skipped.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ from hastandby.testing.netns_workload import Workload
 
 from .replicas import BrowseError, verify_replicas
 from .schedule import (
+    ASSERTIONS,
     CHECK,
     CLIENTS_PRIMARY,
+    DISK_REPAIR,
     ELECT_EACH,
     HEAL,
     PRIMARY_ALL,
@@ -36,6 +41,8 @@ from .schedule import (
     PRIMARY_ETCD,
     PROMOTE,
     RESTART,
+    RESTART_EXCEPT,
+    ROT_POSITIONS,
     SIGCONT,
     SLEEP,
     Op,
@@ -50,6 +57,8 @@ QUIET_TIMEOUT = 5.0  # s for the paused load to settle before browsing
 RECHECK = 3.0  # s a replica mismatch may take to go away (a backup applying the last changes)
 PROMOTE_WAIT = 20.0  # s for a promoted node to be primary
 FINAL_SETTLE = 20.0  # s after every fault is undone for the cluster to settle
+ANSWER_TIMEOUT = 20.0  # s an assertion about a started node waits for it to answer STATUS
+ACKING_SHARE = 0.25  # `assert acking`: at least this share of the offered rate acknowledged
 
 
 @dataclass
@@ -59,6 +68,8 @@ class Binding:
     node: str | None
     pairs: list[tuple[str, str]] = field(default_factory=list)  # a partition's cut host pairs
     nodes: list[str] = field(default_factory=list)  # every node a kill9-all killed
+    primary: str | None = None  # a kill9-all's: the node that was primary
+    rejected: int | None = None  # the producers' refused messages when the op ran (a disk-fail's)
 
 
 class Skip(Exception):
@@ -79,6 +90,9 @@ class Executor:
         self.checks: list[dict[str, Any]] = []
         self.skipped: list[str] = []
         self.failed: list[str] = []  # ops during which a node exited unasked
+        self.timeouts: list[str] = []  # ops whose bounded wait ran out
+        self.violated: list[str] = []  # assertions that did not hold: each fails the schedule
+        self.assertions: list[dict[str, Any]] = []  # every assert op: op, node, result
         self.node_ids = list(cluster.nodes)
         self.last_op = "start"  # the op a check follows, for its record
         self.deadline: float | None = None  # time.monotonic() by which the op phase's waits end
@@ -122,6 +136,12 @@ class Executor:
             self.skipped.append(f"{op}: {result}")
         elif result.startswith("failed"):
             self.failed.append(f"{op}: {result}")
+        elif result.startswith("timeout"):
+            self.timeouts.append(f"{op}: {result}")
+        elif result.startswith("violated"):
+            self.violated.append(f"{op} ({node}): {result}")
+        if op.kind == "assert":
+            self.assertions.append({"op": str(op), "node": node, "result": result})
         self.trace.nemesis(t, op.kind, node, result, time.time(), target=op.target or None, label=op.label or None,
                            arg=op.arg or None, **fields)
         if op.kind != CHECK:
@@ -200,7 +220,7 @@ class Executor:
         if not pids:
             raise Skip("no node is running")
         killed = list(pids)
-        self.bindings[op.label or "-"] = Binding(None, nodes=killed)
+        self.bindings[op.label or "-"] = Binding(None, nodes=killed, primary=primary)
         node = primary if primary in pids else killed[0]
         return node, "ok", {"killed": killed, "pids": pids, "already_down": already_down, "frozen": frozen,
                             "primary": primary}
@@ -208,15 +228,28 @@ class Executor:
     def _op_restart(self, op: Op) -> tuple[str | None, str, dict[str, Any]]:
         binding = self.bindings.get(op.target[1:]) if op.target.startswith("@") else None
         if binding is not None and binding.nodes:  # a kill9-all: every node it killed, at once
-            down = [n for n in binding.nodes if self.cluster.nodes[n].down]
+            left = self._left_down(op.arg)
+            down = [n for n in binding.nodes if self.cluster.nodes[n].down and n not in left]
             if not down:
-                raise Skip(f"none of {','.join(binding.nodes)} is down")
+                raise Skip(f"none of {','.join(n for n in binding.nodes if n not in left)} is down")
             pids = {n: self.cluster.restart(n) for n in down}
-            return None, "ok", {"restarted": down, "pids": pids}
+            return None, "ok", {"restarted": down, "pids": pids, **({"left_down": sorted(left)} if left else {})}
         node = self._resolve(op.target)
         if not self.cluster.nodes[node].down:
             raise Skip(f"{node} is not down")
         return node, "ok", {"pid": self.cluster.restart(node)}
+
+    def _left_down(self, arg: str) -> set[str]:
+        """The nodes a restart's ``except @L,...`` leaves down (none if a label is not bound)."""
+        if not arg.startswith(RESTART_EXCEPT):
+            return set()
+        left = set()
+        for target in arg[len(RESTART_EXCEPT):].split(","):
+            try:
+                left.add(self._resolve(target.strip()))
+            except Skip:
+                pass
+        return left
 
     def _op_sigstop(self, op: Op) -> tuple[str, str, dict[str, Any]]:
         node = self._resolve(op.target)
@@ -235,9 +268,222 @@ class Executor:
         node = self._resolve(op.target)
         self._healthy(node)
         state = self.cluster.nodes[node].state
-        code, output = self.cluster.promote(node)
+        code, output = self.cluster.promote(node, force=op.arg == "force")
         result = "ok" if code == 0 else f"refused: {output.splitlines()[-1] if output else code}"
         return node, result, {"state_before": state, "exit_code": code}
+
+    # -- disk faults -------------------------------------------------------------------------------------
+
+    def _down_target(self, target: str) -> str:
+        """The node a rot acts on: a node id or label, or ``@L:primary`` / ``@L:backup`` for one that a
+        kill9-all ``@L`` killed: the one that was primary, or one that was a backup; in either case a member of
+        the sync set if there is one (the node a restarted cluster would trust)."""
+        name, _, which = target.lstrip("@").partition(":")
+        binding = self.bindings.get(name) if target.startswith("@") else None
+        if binding is None or not binding.nodes:
+            return self._resolve(target)
+        try:
+            sync, _ = self.cluster.etcd_view()
+        except Exception:  # noqa: BLE001 - without the sync set: any killed node of the role
+            sync = None
+        killed = [n for n in binding.nodes if self.cluster.nodes[n].down]
+        if which in ("", "primary") and binding.primary in killed:
+            return binding.primary
+        others = [n for n in killed if n != binding.primary] or killed
+        members = [n for n in others if sync is None or n in sync]
+        if not (members or others):
+            raise Skip(f"none of {','.join(binding.nodes)} is down")
+        return self.rng.choice(sorted(members or others))
+
+    def _op_rot(self, op: Op) -> tuple[str, str, dict[str, Any]]:
+        """Flip bytes of a down node's journal (or checkpoint), before it is started again."""
+        if op.arg not in ROT_POSITIONS:
+            raise ValueError(f"unknown rot position {op.arg!r}")
+        node = self._down_target(op.target)
+        if not self.cluster.nodes[node].down or self.cluster.nodes[node].running:
+            raise Skip(f"{node} is not down")
+        sync: frozenset[str] | None = None
+        sync_error: str | None = None
+        try:
+            sync, _ = self.cluster.etcd_view()
+        except Exception as failure:  # noqa: BLE001 - recorded; the rot goes on
+            sync_error = str(failure)
+        try:
+            done = self.cluster.rot(node, op.arg)
+        except ClusterError as failure:
+            raise Skip(str(failure)) from None
+        self._bind(op, node)
+        return node, "ok", {**done, "sync_set": sorted(sync) if sync is not None else None,
+                            "in_sync_set": (node in sync) if sync is not None else None,
+                            **({"sync_error": sync_error} if sync_error else {})}
+
+    def _op_disk_fail(self, op: Op) -> tuple[str, str, dict[str, Any]]:
+        """The node's file system fails: the kernel turns it read-only (every write EROFS)."""
+        if self.cluster.disks is None:
+            raise Skip("the nodes have no disks of their own (Schedule.disks)")
+        node = self._resolve(op.target)
+        self._healthy(node)
+        if self.cluster.nodes[node].disk_failed:
+            raise Skip(f"{node}'s disk has failed already")
+        self._may_go_down(node)
+        state = self.cluster.nodes[node].state
+        rejected = self._rejected()
+        device = self.cluster.fail_disk(node)
+        if op.label:
+            self.bindings[op.label] = Binding(node, rejected=rejected)
+        return node, "ok", {"device": device, "state_before": state, "rejected_before": rejected}
+
+    def _op_disk_repair(self, op: Op) -> tuple[str, str, dict[str, Any]]:
+        """kill -9 the node, repair its file system (umount, e2fsck, mount) and start it again."""
+        node = self._resolve(op.target)
+        if not self.cluster.nodes[node].disk_failed:
+            raise Skip(f"{node}'s disk has not failed")
+        fields = self.cluster.repair_disk(node)
+        fields["restarted_pid"] = self.cluster.restart(node)
+        return node, "ok", fields
+
+    # -- assertions ------------------------------------------------------------------------------------
+
+    def _rejected(self) -> int:
+        """Messages the background producers had refused (``rejected``) so far."""
+        return sum(int(self.workload.client(name).get("rejected") or 0) for name in self.workload.background)
+
+    def _acked(self) -> int:
+        return sum(int(self.workload.client(name).get("acked") or 0) for name in self.workload.background)
+
+    def _answering(self, node: str, timeout: float) -> dict[str, Any]:
+        """The node's STATUS once it answers with its journal (bounded; ClusterError if it does not)."""
+        def answer() -> dict[str, Any] | None:
+            status = self.cluster.status_of(node) if self.cluster.nodes[node].state is not None else None
+            return status if status is not None and status.get("journal") is not None else None
+
+        return self.cluster.wait(answer, self._limit(timeout), f"{node} answering STATUS")
+
+    @staticmethod
+    def _journal(status: dict[str, Any]) -> dict[str, Any]:
+        journal = status.get("journal") or {}
+        return {"found_damaged": journal.get("found_damaged"), "damaged": journal.get("damaged"),
+                "torn_bytes": journal.get("torn_bytes"), "clean_shutdown": journal.get("clean_shutdown"),
+                "recovered_messages": journal.get("recovered_messages")}
+
+    def _op_assert(self, op: Op) -> tuple[str | None, str, dict[str, Any]]:
+        if op.arg not in ASSERTIONS:
+            raise ValueError(f"unknown assertion {op.arg!r}")
+        handler = getattr(self, f"_assert_{op.arg.replace('-', '_')}")
+        return handler(op)
+
+    def _assert_found_damage(self, op: Op) -> tuple[str, str, dict[str, Any]]:
+        node = self._resolve(op.target)
+        journal = self._journal(self._answering(node, op.seconds or ANSWER_TIMEOUT))
+        fields = {**journal, "quarantined": self.cluster.quarantined(node)}
+        if journal["found_damaged"] or journal["damaged"]:
+            return node, "ok", fields
+        return node, f"violated: its start found nothing damaged (torn_bytes {journal['torn_bytes']})", fields
+
+    def _assert_no_damage(self, op: Op) -> tuple[str, str, dict[str, Any]]:
+        node = self._resolve(op.target)
+        journal = self._journal(self._answering(node, op.seconds or ANSWER_TIMEOUT))
+        fields = {**journal, "quarantined": self.cluster.quarantined(node)}
+        if journal["found_damaged"] or journal["damaged"]:
+            return node, f"violated: its start found damage: {journal['found_damaged'] or journal['damaged']}", fields
+        return node, "ok", fields
+
+    def _assert_damage_cleared(self, op: Op) -> tuple[str, str, dict[str, Any]]:
+        """The node holds everything again: STATUS says it lacks nothing, and the damage record is gone."""
+        node = self._resolve(op.target)
+        record = self.cluster.data_dir(node) / "journal.damaged.json"
+        seen: dict[str, Any] = {}
+
+        def cleared() -> bool:
+            status = self.cluster.status_of(node)
+            if status is None or status.get("journal") is None:
+                return False
+            seen.update(self._journal(status), state=status.get("state"),
+                        not_ready_because=status.get("not_ready_because"))
+            return not seen["damaged"] and not record.exists()
+
+        try:
+            self.cluster.wait(cleared, self._limit(op.seconds or ANSWER_TIMEOUT), f"{node}'s damage cleared")
+        except ClusterError:
+            return node, (f"violated: still lacks data in state {seen.get('state')} (damaged {seen.get('damaged')}, "
+                          f"record {'present' if record.exists() else 'gone'})"), seen
+        return node, "ok", {**seen, "quarantined": self.cluster.quarantined(node)}
+
+    def _assert_not_primary(self, op: Op, only_if_damaged: bool = False) -> tuple[str, str, dict[str, Any]]:
+        """Once the node answers, it stays out of `primary` for ``seconds`` (and no other node is primary:
+        they are down); it must not have been primary while starting either."""
+        node = self._resolve(op.target)
+        states: list[str] = []
+        primaries: list[str] = []
+
+        def look() -> str | None:
+            for other, state in self.cluster.states().items():
+                if state == "primary" and other not in primaries:
+                    primaries.append(other)
+            state = self.cluster.nodes[node].state
+            if state is not None and (not states or states[-1] != state):
+                states.append(state)
+            return state
+
+        self.cluster.wait(lambda: look() is not None, self._limit(ANSWER_TIMEOUT), f"{node} answering")
+        status = self.cluster.status_of(node) or {}
+        journal = self._journal(status) if status.get("journal") is not None else {}
+        deadline = time.monotonic() + self._limit(op.seconds)
+        while time.monotonic() < deadline:
+            look()
+            time.sleep(0.05)
+        detail = (self.cluster.nodes[node].status or {}).get("detail")
+        fields = {"states": states, "primaries": primaries, "detail": detail, **journal,
+                  "not_ready_because": status.get("not_ready_because")}
+        damaged = bool(journal.get("found_damaged") or journal.get("damaged"))
+        if only_if_damaged and not damaged:
+            return node, "ok", {**fields, "note": "its start found no damage: nothing asserted"}
+        if primaries:
+            return node, f"violated: {','.join(primaries)} primary while {node} " + (
+                "lacked data" if damaged else "was started alone"), fields
+        return node, "ok", fields
+
+    def _assert_not_primary_if_damaged(self, op: Op) -> tuple[str, str, dict[str, Any]]:
+        return self._assert_not_primary(op, only_if_damaged=True)
+
+    def _assert_in_sync(self, op: Op) -> tuple[str, str, dict[str, Any]]:
+        node = self._resolve(op.target)
+        try:
+            sync, _ = self.cluster.etcd_view()
+        except Exception as error:  # noqa: BLE001 - etcd did not answer: no verdict on the precondition
+            raise ClusterError(f"etcd's sync set not read: {error}") from None
+        fields = {"sync_set": sorted(sync) if sync is not None else None}
+        if sync is None or node not in sync:
+            return node, f"violated: the schedule's precondition: the sync set {fields['sync_set']} lacks it", fields
+        return node, "ok", fields
+
+    def _assert_acking(self, op: Op) -> tuple[str | None, str, dict[str, Any]]:
+        """For ``seconds`` the background producers are acknowledged (at least ACKING_SHARE of the offered
+        rate), and nothing was refused since the op that bound the target (if any) ran."""
+        binding = self.bindings.get(op.target.lstrip("@")) if op.target.startswith("@") else None
+        node = binding.node if binding is not None else None
+        acked, rejected = self._acked(), self._rejected()
+        refusing: set[str] = set()
+        deadline = time.monotonic() + self._limit(op.seconds)
+        while time.monotonic() < deadline:
+            primary = self.cluster.primary()
+            status = self.cluster.status_of(primary) if primary is not None else None
+            if status and status.get("refusing"):
+                refusing.add(str(status["refusing"]))
+            time.sleep(0.25)
+        got = self._acked() - acked
+        wanted = int(self.workload.offered_rate * op.seconds * ACKING_SHARE)
+        since = binding.rejected if binding is not None and binding.rejected is not None else rejected
+        refused = self._rejected() - since
+        fields = {"acked": got, "wanted": wanted, "refused_since": refused, "refused_in_window":
+                  self._rejected() - rejected, "primary_refusing": sorted(refusing)}
+        problems = []
+        if got < wanted:
+            problems.append(f"{got} acknowledged in {op.seconds:g} s, fewer than {wanted}")
+        if refused:
+            problems.append(f"{refused} messages refused since {op.target or 'the assertion began'}"
+                            + (f" (the primary: {sorted(refusing)[0]})" if refusing else ""))
+        return node, f"violated: {'; '.join(problems)}" if problems else "ok", fields
 
     # -- partitions ---------------------------------------------------------------------------------------
 
@@ -409,7 +655,9 @@ class Executor:
         for node in self.cluster.nodes.values():
             if node.frozen:
                 self.run_op(Op(SIGCONT, target=node.node_id))
-            if node.down:
+            if node.disk_failed:  # killed, repaired and started again
+                self.run_op(Op(DISK_REPAIR, target=node.node_id))
+            elif node.down:
                 self.run_op(Op(RESTART, target=node.node_id))
         try:
             return self.cluster.wait(self.cluster.settled, FINAL_SETTLE, "the cluster to settle after the schedule")

@@ -2,8 +2,8 @@
 
 The phases, each bounded:
 
-1. a network of namespaces, etcd and three nodes (holding a virtual IP if the schedule says so); the
-   replicated queue;
+1. a network of namespaces, etcd and three nodes (holding a virtual IP if the schedule says so; each on an
+   ext4 file system of its own if it has disk faults); the replicated queue;
 2. the clients process (background load unless the schedule scripts its own; with a virtual IP, one more
    producer that knows only it);
 3. the schedule's ops (``executor.py``), replica checks among them;
@@ -17,7 +17,8 @@ The phases, each bounded:
 6. the total-queue checker over the history; the trace.
 
 Whatever happens, the ``finally`` stops the clients, every node and etcd by
-PID and deletes the network, in that order.
+PID, unmounts the nodes' disks and detaches their loop devices (their data
+dirs copied off first, for the logs), and deletes the network, in that order.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def run_schedule(schedule: Schedule, run_id: str, settings: Settings) -> dict[st
     try:
         network = Network(HOSTS)
         cluster = Cluster(network, list(NODE_IDS), workdir, cluster_name=round_id, virtual_ip=schedule.virtual_ip,
-                          queue_arguments=settings.queue_arguments)
+                          queue_arguments=settings.queue_arguments, disks=schedule.disks)
         cluster.start()
         workload = Workload(network["clients"], [n.url for n in cluster.nodes.values()], QUEUE, workdir,
                             cluster.users.client_environment())
@@ -150,6 +151,7 @@ def run_schedule(schedule: Schedule, run_id: str, settings: Settings) -> dict[st
     result["duplicated_resent"] = len(verdict.duplicated & resent)
     result["duplicated_redelivered"] = len(verdict.duplicated - resent)
     result["resent_ids"] = len(resent)
+    result["disk_images"] = cluster.disks.images if cluster is not None and cluster.disks is not None else []
     result["logs"] = _keep_logs(result, settings, workdir, round_id)
     return result
 
@@ -191,13 +193,16 @@ def _summary(schedule: Schedule, round_id: str, verdict: QueueVerdict, checks: l
              history: History, problems: list[str], executor: Executor | None, started: float,
              trace_path: Path) -> dict[str, Any]:
     misplaced = sum(1 for c in checks if c.get("virtual_ip_misplaced"))
-    ok = verdict.valid and mismatches == 0 and complete and not misplaced
+    violated = executor.violated if executor is not None else []
+    ok = verdict.valid and mismatches == 0 and complete and not misplaced and not violated
     if not complete:
         status = "NO VERDICT"  # not drained: the lost figure counts acknowledged messages not received
     elif not verdict.valid:
         status = "INVALID"
     elif mismatches:
         status = "MISMATCH"
+    elif violated:
+        status = "VIOLATED"  # an assert op did not hold
     else:
         status = "VIP MISPLACED" if misplaced else "ok"
     return {
@@ -224,6 +229,10 @@ def _summary(schedule: Schedule, round_id: str, verdict: QueueVerdict, checks: l
         "error": error,
         "skipped_ops": executor.skipped if executor is not None else [],
         "failed_ops": executor.failed if executor is not None else [],
+        "timeout_ops": executor.timeouts if executor is not None else [],
+        "violated": violated,
+        "assertions": executor.assertions if executor is not None else [],
+        "disks": schedule.disks,
         "client_events": {kind: history.count(kind) for kind in
                           ("in_doubt", "rejected", "released", "empty", "undecodable", "error", "link_error",
                            "container_restarted")},

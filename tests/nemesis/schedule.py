@@ -23,13 +23,24 @@ nodes keep a journal (``--data-dir``), so the restarted cluster must elect a
 primary from the most recent store by itself and still hold every
 acknowledged message.  Nothing else starts while it lasts, nor in the
 ``REJOIN`` s after its restart; it never overlaps a freeze or a partition.
+
+Disk faults (``docs/nemesis.md``, "Disk faults"): ``rot`` flips bytes of a
+node's journal (or of its checkpoint) while the node is down, before its
+restart; ``disk-fail`` ... ``disk-repair`` fails a node's file system (the
+kernel turns it read-only) and later kills the node, repairs the file system
+and starts the node again, which needs the nodes on disks of their own
+(``Schedule.disks``).  ``assert`` ops state what must hold (a damaged node is
+not elected, a failed backup does not stop the acknowledgements, ...); one
+that does not hold fails the schedule.  Random schedules draw disk faults
+only when asked (``--faults rot,ro``): the default kinds, and so every seed's
+schedule of them, are what they were.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 NODE_IDS = ("n1", "n2", "n3")
 
@@ -41,7 +52,7 @@ SIGSTOP = "sigstop"
 SIGCONT = "sigcont"
 SIGTERM = "sigterm"
 RESTART = "restart"
-PROMOTE = "promote"
+PROMOTE = "promote"  # arg "force": `promote --force` (start a restarted cluster from target, accepting a loss)
 PARTITION = "partition"
 HEAL = "heal"
 CHECK = "check"  # replica comparison, once the cluster has settled
@@ -54,11 +65,31 @@ RATE = "rate"  # arg: producer name; from now on count new messages per second
 AWAIT_ACKED = "await_acked"  # arg: producer name; until count of its messages were accepted
 AWAIT_PRIMARY = "await_primary"  # a primary other than target (a label), bound to label
 AWAIT_STATE = "await_state"  # target reports state arg
+# disk faults
+ROT = "rot"  # arg: a ROT_POSITIONS entry; target: a node that is down (of a kill9-all @L: @L or @L:primary is the
+#              node that was primary, @L:backup one that was a backup)
+DISK_FAIL = "disk-fail"  # the target's file system turns read-only (needs Schedule.disks)
+DISK_REPAIR = "disk-repair"  # kill -9 the target, repair its file system, start it again
+ASSERT = "assert"  # arg: an ASSERTIONS entry about target, bounded by seconds; one that does not hold fails the schedule
+
+ROT_POSITIONS = ("middle", "tail", "header", "checkpoint")  # journal at half its size, 6 bytes before its end,
+#                                                              at byte 12 (its first record); its checkpoint file
+ASSERTIONS = (
+    "found-damage",  # the target's start found its journal damaged (STATUS journal.found_damaged or .damaged)
+    "no-damage",  # ... found nothing damaged
+    "damage-cleared",  # the target no longer lacks data (journal.damaged null, no journal.damaged.json)
+    "not-primary",  # once the target answers, it is not primary for `seconds` (no node is)
+    "not-primary-if-damaged",  # the same, if its start found damage (else: noted, nothing asserted)
+    "in-sync",  # etcd's sync set names the target (a precondition of a schedule)
+    "acking",  # the background producers have `seconds` of acknowledgements (a quarter of the offered rate at
+    #            least) and none refused since the op that bound target (a failed backup costs no message)
+)
+RESTART_EXCEPT = "except "  # restart's arg "except @L": a kill9-all's restart leaves that node down
 
 OP_KINDS = (SLEEP, KILL9, KILL9_ALL, SIGSTOP, SIGCONT, SIGTERM, RESTART, PROMOTE, PARTITION, HEAL, CHECK, ELECT_EACH, PIN,
-            PRODUCER, SEND, RATE, AWAIT_ACKED, AWAIT_PRIMARY, AWAIT_STATE)
-NODE_FAULTS = (KILL9, KILL9_ALL, SIGSTOP, SIGTERM)
-UNDO = {KILL9: RESTART, KILL9_ALL: RESTART, SIGTERM: RESTART, SIGSTOP: SIGCONT, PARTITION: HEAL}
+            PRODUCER, SEND, RATE, AWAIT_ACKED, AWAIT_PRIMARY, AWAIT_STATE, ROT, DISK_FAIL, DISK_REPAIR, ASSERT)
+NODE_FAULTS = (KILL9, KILL9_ALL, SIGSTOP, SIGTERM, DISK_FAIL)
+UNDO = {KILL9: RESTART, KILL9_ALL: RESTART, SIGTERM: RESTART, SIGSTOP: SIGCONT, PARTITION: HEAL, DISK_FAIL: DISK_REPAIR}
 
 # -- fault kinds a random schedule draws from (``--faults``) -----------------------------------------
 PRIMARY_ETCD = "primary-etcd"  # the primary cannot reach etcd (nor etcd it)
@@ -68,11 +99,17 @@ PARTITIONS = (PRIMARY_ETCD, PRIMARY_BACKUPS, CLIENTS_PRIMARY)
 PRIMARY_ALL = "primary-all"  # the primary cannot reach any host (its link cut); fixed schedules only, so that a
 #                              seed's random schedule stays what it was
 FAULT_KINDS = (KILL9, KILL9_ALL, SIGSTOP, SIGTERM, PROMOTE, *(f"{PARTITION}-{p}" for p in PARTITIONS))
+# Disk faults are drawn only when named: FAULT_KINDS is the default, and a seed's schedule of it stays what it was.
+ROT_KIND = "rot"  # a node down (kill -9, SIGTERM, or every node) with bit rot in its files before its restart
+READ_ONLY = "disk-read-only"  # a backup's file system fails; later the node is killed, the disk repaired, restarted
+DISK_FAULT_KINDS = (ROT_KIND, READ_ONLY)
+KNOWN_FAULT_KINDS = (*FAULT_KINDS, *DISK_FAULT_KINDS)
 FAULT_ALIASES = {
     "kill": KILL9, "kill9": KILL9, "all": KILL9_ALL, "kill-all": KILL9_ALL, "stop": SIGSTOP, "sigstop": SIGSTOP,
     "term": SIGTERM, "sigterm": SIGTERM,
     "promote": PROMOTE, "etcd": f"{PARTITION}-{PRIMARY_ETCD}", "backups": f"{PARTITION}-{PRIMARY_BACKUPS}",
-    "clients": f"{PARTITION}-{CLIENTS_PRIMARY}", **{kind: kind for kind in FAULT_KINDS},
+    "clients": f"{PARTITION}-{CLIENTS_PRIMARY}", "bitrot": ROT_KIND, "ro": READ_ONLY, "read-only": READ_ONLY,
+    **{kind: kind for kind in KNOWN_FAULT_KINDS},
 }
 
 # -- timing of random schedules (lease TTL 2 s) ---------------------------------------------------
@@ -87,6 +124,11 @@ ONE_DOWN_LEAD = (0.5, 2.0)  # s that node is down before kill9-all
 ONE_DOWN_LAG = (0.0, 2.0)  # s after kill9-all's restart that node is restarted
 REJOIN = 6.0  # s after a restart counted as still down (catch-up) when placing the next kill
 GAP = (0.5, 6.0)  # s between the starts of consecutive faults
+ROT_VARIANTS = (KILL9, SIGTERM, KILL9_ALL)  # how a rot's node goes down
+ROT_ORDERS = ("damaged-first", "together", "damaged-last")  # a kill9-all rot's restarts: the damaged node alone
+#                                                             first, all at once, or after the others
+ROT_HOLD = (3.0, 5.0)  # s between the first and the second restart of a kill9-all rot (not together)
+READ_ONLY_TIME = (3.0, 6.0)  # s a backup's file system is read-only until the repair
 
 
 @dataclass(frozen=True)
@@ -126,6 +168,7 @@ class Schedule:
     description: str = ""
     faults: tuple[str, ...] = field(default=())  # the fault kinds it injects, for the summary
     virtual_ip: bool = False  # the nodes hold a virtual IP (serve --virtual-ip) and one producer knows only it
+    disks: bool = False  # every node's data dir on an ext4 file system of its own (disk-fail, disk-repair)
 
     def __str__(self) -> str:
         return f"{self.name}: " + "; ".join(str(op) for op in self.ops if op.kind != SLEEP)
@@ -135,18 +178,27 @@ class Schedule:
 class _Episode:
     """One fault from its start to its undo, as the generator places it."""
 
-    kind: str  # a FAULT_KINDS entry
+    kind: str  # a KNOWN_FAULT_KINDS entry
     start: float
     end: float
     target: str
+    variant: str = ""  # a rot's: how its node goes down (ROT_VARIANTS)
+    position: str = ""  # a rot's: ROT_POSITIONS
+    order: str = ""  # a kill9-all rot's: ROT_ORDERS
+    hold: float = 0.0  # a kill9-all rot's: s between its first and its second restart (after `end`)
+
+    @property
+    def takes_all(self) -> bool:
+        """Every node goes down (kill9-all, or a rot that starts with one)."""
+        return self.kind == KILL9_ALL or (self.kind == ROT_KIND and self.variant == KILL9_ALL)
 
     @property
     def exclusive_class(self) -> str:
-        """Faults of one class never overlap (see the module docstring)."""
-        if self.kind in (KILL9, SIGTERM):
-            return "down"
-        if self.kind == KILL9_ALL:
+        """Faults of one class never overlap (see the module docstring); a failed disk is as good as down."""
+        if self.takes_all:
             return "all-down"
+        if self.kind in (KILL9, SIGTERM, ROT_KIND, READ_ONLY):
+            return "down"
         if self.kind.startswith(PARTITION):
             return PARTITION
         return self.kind
@@ -154,7 +206,7 @@ class _Episode:
     @property
     def busy_until(self) -> float:
         """Until when another fault of the same class must wait (a restarted node catches up first)."""
-        return self.end + (REJOIN if self.exclusive_class in ("down", "all-down") else 0.0)
+        return self.end + self.hold + (REJOIN if self.exclusive_class in ("down", "all-down") else 0.0)
 
 
 def parse_faults(text: str) -> tuple[str, ...]:
@@ -175,7 +227,7 @@ def random_schedule(seed: int, faults: Sequence[str] = FAULT_KINDS,
     """The schedule for ``seed``: 3-5 overlapping faults, their undos, checks, then every node elected in turn."""
     if not faults:
         raise ValueError("no fault kinds to draw from")
-    unknown = set(faults) - set(FAULT_KINDS)
+    unknown = set(faults) - set(KNOWN_FAULT_KINDS)
     if unknown:
         raise ValueError(f"unknown fault kinds {sorted(unknown)}")
     rng = random.Random(seed)
@@ -186,7 +238,8 @@ def random_schedule(seed: int, faults: Sequence[str] = FAULT_KINDS,
     ops.append(Op(ELECT_EACH, target=",".join(order)))
     return Schedule(name=f"seed-{seed}", ops=tuple(ops), seed=seed, load=True,
                     description=f"random schedule from seed {seed}",
-                    faults=tuple(dict.fromkeys(e.kind for e in episodes)))
+                    faults=tuple(dict.fromkeys(e.kind for e in episodes)),
+                    disks=any(e.kind == READ_ONLY for e in episodes))
 
 
 def _place_episodes(rng: random.Random, faults: list[str], node_ids: list[str]) -> list[_Episode]:
@@ -201,6 +254,14 @@ def _place_episodes(rng: random.Random, faults: list[str], node_ids: list[str]) 
                 break
             episodes += pair
             start = round(pair[1].start + rng.uniform(*GAP), 1)
+            continue
+        if kind in DISK_FAULT_KINDS:  # draws of their own: the other kinds draw as they always did
+            candidate = _disk_episode(rng, kind, start)
+            candidate = _shift_clear(candidate, episodes)
+            if candidate.start > WARMUP + FAULT_WINDOW:
+                break
+            episodes.append(candidate)
+            start = round(candidate.start + rng.uniform(*GAP), 1)
             continue
         length = {KILL9: DOWN, KILL9_ALL: DOWN, SIGTERM: DOWN, SIGSTOP: FREEZE, PROMOTE: (0.0, 0.0)}.get(kind, CUT)
         duration = round(rng.uniform(*length), 1)
@@ -221,6 +282,22 @@ def _place_episodes(rng: random.Random, faults: list[str], node_ids: list[str]) 
         episodes.append(candidate)
         start = round(candidate.start + rng.uniform(*GAP), 1)
     return episodes
+
+
+def _disk_episode(rng: random.Random, kind: str, start: float) -> _Episode:
+    """A rot (a node down, or every node, with bit rot in its files before its restart) or a backup's
+    read-only disk (failed, later repaired)."""
+    if kind == READ_ONLY:
+        return _Episode(kind, start, round(start + rng.uniform(*READ_ONLY_TIME), 1), "backup")
+    variant = rng.choice(ROT_VARIANTS)
+    position = rng.choice(ROT_POSITIONS)
+    duration = round(rng.uniform(*DOWN), 1)
+    target = rng.choice(["primary", "backup"])  # with kill9-all: which of the killed nodes rots
+    order, hold = "", 0.0
+    if variant == KILL9_ALL:
+        order = rng.choice(ROT_ORDERS)
+        hold = round(rng.uniform(*ROT_HOLD), 1) if order != "together" else 0.0
+    return _Episode(kind, start, round(start + duration, 1), target, variant, position, order, hold)
 
 
 def _one_down_then_all(rng: random.Random, start: float, placed: list[_Episode]) -> list[_Episode]:
@@ -259,9 +336,9 @@ def _shift_clear(candidate: _Episode, placed: list[_Episode]) -> _Episode:
         limits = [e.busy_until for e in placed
                   if e.exclusive_class == candidate.exclusive_class and candidate.start < e.busy_until]
         # nothing starts while every node is down or the cluster is coming back from it
-        limits += [e.busy_until for e in placed if e.kind == KILL9_ALL and candidate.start < e.busy_until]
-        if candidate.kind == KILL9_ALL:  # it may find one node down (or rejoining), not frozen or cut off
-            limits += [e.end for e in placed if e.kind == SIGSTOP or e.kind.startswith(PARTITION)
+        limits += [e.busy_until for e in placed if e.takes_all and candidate.start < e.busy_until]
+        if candidate.takes_all:  # it may find one node down (or rejoining), not frozen, cut off or failing a disk
+            limits += [e.end for e in placed if e.kind in (SIGSTOP, READ_ONLY) or e.kind.startswith(PARTITION)
                        if candidate.start < e.end]
         running = sorted(e.end for e in placed if e.kind != PROMOTE and candidate.start < e.end)
         if candidate.kind != PROMOTE and len(running) >= 2:
@@ -269,8 +346,7 @@ def _shift_clear(candidate: _Episode, placed: list[_Episode]) -> _Episode:
         if not limits:
             break
         start = round(max(limits) + 0.5, 1)
-        candidate = _Episode(candidate.kind, start, round(start + candidate.end - candidate.start, 1),
-                             candidate.target)
+        candidate = replace(candidate, start=start, end=round(start + candidate.end - candidate.start, 1))
     return candidate
 
 
@@ -292,12 +368,11 @@ def _linearize(episodes: list[_Episode]) -> list[Op]:
         episode = episodes[index]
         label = f"f{index + 1}"
         if is_start:
-            ops.append(_start_op(episode, label))
+            ops += _start_ops(episode, label)
             if episode.kind != PROMOTE:
                 active.add(index)
             continue
-        kind = PARTITION if episode.kind.startswith(PARTITION) else episode.kind
-        ops.append(Op(UNDO[kind], target=f"@{label}"))
+        ops += _undo_ops(episode, label)
         active.discard(index)
         if not active:
             ops.append(Op(CHECK))
@@ -306,12 +381,34 @@ def _linearize(episodes: list[_Episode]) -> list[Op]:
     return ops
 
 
-def _start_op(episode: _Episode, label: str) -> Op:
+def _start_ops(episode: _Episode, label: str) -> list[Op]:
     if episode.kind.startswith(PARTITION):
-        return Op(PARTITION, target=episode.target, label=label, arg=episode.kind[len(PARTITION) + 1:])
+        return [Op(PARTITION, target=episode.target, label=label, arg=episode.kind[len(PARTITION) + 1:])]
     if episode.kind == PROMOTE:
-        return Op(PROMOTE, target=episode.target)
-    return Op(episode.kind, target=episode.target, label=label)
+        return [Op(PROMOTE, target=episode.target)]
+    if episode.kind == READ_ONLY:
+        return [Op(DISK_FAIL, target=episode.target, label=label)]
+    if episode.kind == ROT_KIND:
+        if episode.variant == KILL9_ALL:  # the rot goes to the node that was primary, or to one that was a backup
+            return [Op(KILL9_ALL, label=label),
+                    Op(ROT, target=f"@{label}:{episode.target}", label=f"{label}r", arg=episode.position)]
+        return [Op(episode.variant, target=episode.target, label=label),
+                Op(ROT, target=f"@{label}", arg=episode.position)]
+    return [Op(episode.kind, target=episode.target, label=label)]
+
+
+def _undo_ops(episode: _Episode, label: str) -> list[Op]:
+    if episode.kind == ROT_KIND and episode.variant == KILL9_ALL and episode.order != "together":
+        damaged = f"@{label}r"
+        if episode.order == "damaged-first":  # alone, with every other node down: it must not start the cluster
+            return [Op(RESTART, target=damaged),
+                    Op(ASSERT, target=damaged, arg="not-primary-if-damaged", seconds=episode.hold),
+                    Op(RESTART, target=f"@{label}")]
+        return [Op(RESTART, target=f"@{label}", arg=RESTART_EXCEPT + damaged), Op(SLEEP, seconds=episode.hold),
+                Op(RESTART, target=damaged)]
+    kind = PARTITION if episode.kind.startswith(PARTITION) else episode.kind
+    kind = {READ_ONLY: DISK_FAIL, ROT_KIND: KILL9}.get(kind, kind)
+    return [Op(UNDO[kind], target=f"@{label}")]
 
 
 # -- the fixed schedules ----------------------------------------------------------------------------
@@ -499,9 +596,145 @@ def _virtual_ip_through_partitions() -> Schedule:
                     "primary alone")
 
 
+def _damaged_sync_member_first() -> Schedule:
+    ops = (
+        Op(SLEEP, seconds=WARMUP),
+        Op(AWAIT_ACKED, arg="p1", count=60, seconds=15),  # a backlog of durable messages in every journal
+        Op(KILL9_ALL, label="A"),
+        Op(ROT, target="@A", label="D", arg="middle"),
+        Op(ASSERT, target="@D", arg="in-sync"),  # the sync set names it: without the damage it may start the cluster
+        Op(RESTART, target="@D"),
+        Op(ASSERT, target="@D", arg="found-damage", seconds=20),
+        Op(ASSERT, target="@D", arg="not-primary", seconds=5),  # alone, every other node down
+        Op(RESTART, target="@A"),  # the others (the damaged node is running already)
+        Op(AWAIT_STATE, target="@D", arg="backup", seconds=30),
+        Op(ASSERT, target="@D", arg="damage-cleared", seconds=10),
+        Op(CHECK),
+        Op(ELECT_EACH, target=",".join(NODE_IDS)),
+    )
+    return Schedule(
+        name="damaged-sync-member-first", ops=ops, faults=(KILL9_ALL, ROT_KIND, PROMOTE),
+        description="under load (durable messages, journals), kill -9 every node; flip 3 bytes in the middle of "
+                    "the journal of the node that was primary (a sync set member); start it first and alone: its "
+                    "start must find the damage and it must not become primary while the others are down (it "
+                    "lacks data they hold); start the others: one of them starts the cluster, the damaged node "
+                    "catches up and no longer lacks data; check; elect each node in turn, the damaged one "
+                    "included, and drain")
+
+
+def _damaged_tail_sync_member_first() -> Schedule:
+    ops = (
+        Op(PRODUCER, arg="b"),
+        Op(RATE, arg="b", count=20),  # a trickle, no consumer: the last journal record is an acknowledged enqueue
+        Op(AWAIT_ACKED, arg="b", count=40, seconds=15),
+        Op(KILL9_ALL, label="A"),
+        Op(ROT, target="@A", label="D", arg="tail"),  # its last record, fsynced, within the checkpoint's lag
+        Op(ASSERT, target="@D", arg="in-sync"),
+        Op(RESTART, target="@D"),
+        # All of the last record's bytes are there: not a torn write.  (Before the reader told a whole damaged
+        # record from one a crash cut short, it was cut as torn, and the node started the cluster alone: the
+        # others dropped their copy of the message, 4 runs of 4.)
+        Op(ASSERT, target="@D", arg="found-damage", seconds=20),
+        Op(ASSERT, target="@D", arg="not-primary", seconds=5),
+        Op(RESTART, target="@A"),
+        Op(AWAIT_STATE, target="@D", arg="backup", seconds=30),
+        Op(ASSERT, target="@D", arg="damage-cleared", seconds=10),
+        Op(CHECK),
+        Op(ELECT_EACH, target=",".join(NODE_IDS)),
+    )
+    return Schedule(
+        name="damaged-tail-sync-member-first", ops=ops, load=False, faults=(KILL9_ALL, ROT_KIND, PROMOTE),
+        description="a producer sends 20 durable messages a second, no consumer; kill -9 every node; flip 3 bytes "
+                    "6 bytes before the end of the former primary's journal (its last record: an acknowledged "
+                    "message, fsynced less than a second ago, beyond the bytes its checkpoint names yet); start it "
+                    "first and alone: its start must find the damage (the record is whole: a crash does not leave "
+                    "it so) and it must not become primary; start the others; it catches up; check; elect each node "
+                    "in turn and drain.  Every acknowledged message must come back: a node that cut its damaged "
+                    "last record as a torn write and started the cluster alone made the others drop their copy")
+
+
+def _backup_disk_read_only() -> Schedule:
+    ops = (
+        Op(SLEEP, seconds=WARMUP),
+        Op(AWAIT_ACKED, arg="p1", count=30, seconds=15),
+        Op(DISK_FAIL, target="backup", label="F"),
+        Op(SLEEP, seconds=1.0),
+        Op(ASSERT, target="@F", arg="acking", seconds=5),  # 3 nodes, min_sync 2: the primary goes on without it
+        Op(SLEEP, seconds=1.0),
+        Op(DISK_REPAIR, target="@F"),
+        Op(AWAIT_STATE, target="@F", arg="backup", seconds=30),
+        Op(CHECK),
+        Op(ELECT_EACH, target=",".join(NODE_IDS)),
+    )
+    return Schedule(
+        name="backup-disk-read-only", ops=ops, disks=True, faults=(READ_ONLY, PROMOTE),
+        description="every node's data dir on an ext4 file system of its own; under load, the kernel fails a "
+                    "backup's file system (read-only, every write EROFS): the backup leaves its primary, which "
+                    "goes on acknowledging with the other backup (min_sync 2) and refuses nothing; 7 s later "
+                    "kill -9 the backup, repair its file system (umount, e2fsck, mount) and start it: it catches "
+                    "up; check; elect each node in turn and drain")
+
+
+def _clean_stop_rot() -> Schedule:
+    ops = (
+        Op(SLEEP, seconds=WARMUP),
+        Op(AWAIT_ACKED, arg="p1", count=30, seconds=15),
+        Op(SIGTERM, target="primary", label="T"),
+        Op(ROT, target="@T", arg="tail"),  # its last record: below the bytes its checkpoint says are on disk
+        Op(RESTART, target="@T"),
+        Op(ASSERT, target="@T", arg="found-damage", seconds=20),
+        Op(AWAIT_STATE, target="@T", arg="backup", seconds=30),
+        Op(ASSERT, target="@T", arg="damage-cleared", seconds=10),
+        Op(CHECK),
+        Op(SIGTERM, target="backup", label="U"),
+        Op(ROT, target="@U", arg="checkpoint"),  # the checkpoint is ignored; the journal ends with its CLOSE
+        Op(RESTART, target="@U"),
+        Op(ASSERT, target="@U", arg="no-damage", seconds=20),
+        Op(AWAIT_STATE, target="@U", arg="backup", seconds=30),
+        Op(CHECK),
+        Op(ELECT_EACH, target=",".join(NODE_IDS)),
+    )
+    return Schedule(
+        name="clean-stop-rot", ops=ops, faults=(SIGTERM, ROT_KIND, PROMOTE),
+        description="under load, SIGTERM the primary (a clean stop: its checkpoint says every byte is on disk), "
+                    "flip 3 bytes 6 bytes before the end of its journal (its last record), start it: the start must "
+                    "call that damage, not a torn tail, and the node catches up and no longer lacks data; then "
+                    "SIGTERM a backup, flip 3 bytes of its checkpoint file, start it: the checkpoint is ignored, "
+                    "nothing is damaged; check after each; elect each node in turn and drain")
+
+
 FIXED: dict[str, Schedule] = {s.name: s for s in (
     _frozen_primary_rejoins(), _frozen_primary_reelected(), _partitioned_primary_killed(),
     _primary_cut_from_etcd(), _frozen_primary_killed_backup(), _frozen_primary_resumes_cut_from_etcd(),
-    _every_node_killed(), _virtual_ip_through_partitions(),
+    _every_node_killed(), _virtual_ip_through_partitions(), _damaged_sync_member_first(), _backup_disk_read_only(),
+    _clean_stop_rot(), _damaged_tail_sync_member_first(),
 )}
 """The named, deterministic schedules (``--fixed``), in the order they run."""
+
+
+def _damaged_node_forced_first() -> Schedule:
+    ops = (
+        Op(PRODUCER, arg="b"),
+        Op(SEND, arg="b", count=300),
+        Op(AWAIT_ACKED, arg="b", count=300, seconds=30),  # no consumer: all 300 are in every journal
+        Op(KILL9_ALL, label="A"),
+        Op(ROT, target="@A", label="D", arg="middle"),
+        Op(RESTART, target="@D"),
+        Op(ASSERT, target="@D", arg="found-damage", seconds=20),
+        Op(PROMOTE, target="@D", arg="force"),  # the operator accepts the loss: it starts the cluster alone
+        Op(AWAIT_STATE, target="@D", arg="primary", seconds=20),
+        Op(RESTART, target="@A"),
+        Op(CHECK),
+    )
+    return Schedule(
+        name="damaged-node-forced-first", ops=ops, load=False, faults=(KILL9_ALL, ROT_KIND, PROMOTE),
+        description="a NEGATIVE CONTROL, which must fail: 300 durable messages acknowledged and not consumed; kill "
+                    "-9 every node, flip 3 bytes in the middle of the former primary's journal, start it alone and "
+                    "`promote --force` it (an operator accepting the loss) before the others come back: they "
+                    "follow it and drop the copies it lost, and the total-queue checker must count those "
+                    "acknowledged messages as lost (the schedule is INVALID).  If it passes, the harness cannot "
+                    "see a damaged node elected")
+
+
+CANARIES: dict[str, Schedule] = {s.name: s for s in (_damaged_node_forced_first(),)}
+"""Schedules that must FAIL (negative controls of the harness): run by name with ``--fixed``, never by ``all``."""

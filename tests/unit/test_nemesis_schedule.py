@@ -112,7 +112,8 @@ def test_fixed_schedules_bind_labels_before_using_them():
     assert list(s.FIXED) == ["frozen-primary-rejoins", "frozen-primary-reelected", "partitioned-primary-killed",
                              "primary-cut-from-etcd", "frozen-primary-killed-backup",
                              "frozen-primary-resumes-cut-from-etcd", "every-node-killed",
-                             "virtual-ip-through-partitions"]
+                             "virtual-ip-through-partitions", "damaged-sync-member-first", "backup-disk-read-only",
+                             "clean-stop-rot", "damaged-tail-sync-member-first"]
     for schedule in s.FIXED.values():
         bound: set[str] = set()
         for op in schedule.ops:
