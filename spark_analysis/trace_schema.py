@@ -149,9 +149,10 @@ CHECKER_OPTIONAL_FIELDS = (DUPLICATES, REPLICA_CHECKS, LOST_IDS, UNEXPECTED_IDS)
 
 # op kinds, by what they do to the cluster ("role")
 OP_PARTITION = "partition"  # its ARG names the partition: its fault type is "partition-<arg>"
-NEMESIS_FAULT_OPS = (FAULT_KILL9, FAULT_KILL9_ALL, FAULT_SIGSTOP, FAULT_SIGTERM, "promote", OP_PARTITION)
-NEMESIS_RECOVERY_OPS = ("sigcont", "restart", "heal")
-NEMESIS_CHECK_OPS = ("check", "elect_each")
+NEMESIS_FAULT_OPS = (FAULT_KILL9, FAULT_KILL9_ALL, FAULT_SIGSTOP, FAULT_SIGTERM, "promote", OP_PARTITION,
+                     "disk-fail", "rot")  # a node's file system turned read-only; bit rot in a down node's journal
+NEMESIS_RECOVERY_OPS = ("sigcont", "restart", "heal", "disk-repair")
+NEMESIS_CHECK_OPS = ("check", "elect_each", "assert")
 ROLE_FAULT, ROLE_RECOVERY, ROLE_CHECK, ROLE_SCRIPT = "fault", "recovery", "check", "script"
 ROLES = (ROLE_FAULT, ROLE_RECOVERY, ROLE_CHECK, ROLE_SCRIPT)
 """Every other op (the scripted clients' pin, producer, rate, send and the waits) is a script op."""

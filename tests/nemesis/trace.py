@@ -77,7 +77,7 @@ class Trace:
         return path
 
 
-FAULT_OPS = ("kill9", "kill9-all", "sigstop", "sigterm", "partition", "promote", "disk-fail")
+FAULT_OPS = ("kill9", "kill9-all", "sigstop", "sigterm", "partition", "promote", "disk-fail", "rot")
 
 
 def add_cluster_events(trace: Trace, cluster: Cluster, until: float) -> list[str]:

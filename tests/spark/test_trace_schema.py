@@ -96,6 +96,8 @@ def test_the_nemesis_writes_the_names_the_analysis_reads():
     for op in (schedule.PIN, schedule.PRODUCER, schedule.SEND, schedule.RATE,
                schedule.AWAIT_ACKED, schedule.AWAIT_PRIMARY, schedule.AWAIT_STATE):
         assert ts.op_role(op) == ts.ROLE_SCRIPT
+    assert [ts.op_role(op) for op in (schedule.DISK_FAIL, schedule.ROT, schedule.DISK_REPAIR, schedule.ASSERT)] == [
+        ts.ROLE_FAULT, ts.ROLE_FAULT, ts.ROLE_RECOVERY, ts.ROLE_CHECK]
     assert set(schedule.OP_KINDS) - {schedule.SLEEP} == (
         set(ts.NEMESIS_FAULT_OPS) | set(ts.NEMESIS_RECOVERY_OPS) | set(ts.NEMESIS_CHECK_OPS)
         | {schedule.PIN, schedule.PRODUCER, schedule.SEND, schedule.RATE, schedule.AWAIT_ACKED,
