@@ -24,8 +24,8 @@ Rules, in the order they are applied:
    acknowledged message, ``cluster.py``); a ``connecting`` node campaigns only
    if every member is ``connecting`` (a brand-new cluster, where the etcd
    transaction lets exactly one win) and no other member is in the sync set
-   (one that is holds data: a primary that stepped down); a ``catchup`` node
-   never campaigns.  A campaign writes the sync set in the same transaction:
+   (one that is holds data: a primary that stepped down), and never while its
+   journal was damaged and it lacks data; a ``catchup`` node never campaigns.  A campaign writes the sync set in the same transaction:
    the winner and the members that are in it and alive, for which the winner
    guards every message until they are back or dropped.
 6. A primary keeps the sync set equal to what its replication wants: the
@@ -221,6 +221,9 @@ def _decide_as_non_primary(
         return Campaign(False, "no leader and I am a caught-up backup in the sync set",
                         frozenset({me}) | expected, revision)
     if status.state is State.CONNECTING and snapshot.every_member_connecting():
+        if store.damaged:  # with or without a sync set (a fresh etcd has none): it lacks what others may hold
+            return Stay("no leader; my journal was damaged and lacks data: an intact member starts the cluster "
+                        "(hastandby promote --force starts it here, and loses what the damage took)")
         waiting = _waiting_for_a_store(me, snapshot)
         if waiting:
             return Stay(waiting)

@@ -342,6 +342,9 @@ def test_a_damaged_sync_member_back_first_and_alone_does_not_start_the_cluster()
     store = Store(True, holds_data=True, damaged=True)
     cluster = snapshot(damaged("n2"), sync=sync_of("n2", "n3"))
     decision = decide("n2", CONNECTING, cluster, lease_confirmed=True, store=store)
+    assert isinstance(decision, Stay) and "my journal was damaged" in decision.reason
+    joined = snapshot(damaged("n2"), member(ME, State.CONNECTING), sync=sync_of("n2", "n3"))
+    decision = decide(ME, CONNECTING, joined, lease_confirmed=True)  # a node outside the sync set, back too
     assert isinstance(decision, Stay)
     assert "n3 may hold the latest store" in decision.reason and "n2 was damaged" in decision.reason
 
@@ -361,3 +364,11 @@ def test_when_every_sync_member_back_is_damaged_everyone_waits_for_the_operator(
     for node, store in (("n2", Store(True, True, damaged=True)), (ME, Store())):
         decision = decide(node, CONNECTING, cluster, lease_confirmed=True, store=store)
         assert isinstance(decision, Stay) and "promote --force" in decision.reason, decision
+
+
+def test_a_damaged_node_starts_no_cluster_even_where_etcd_has_no_sync_set() -> None:
+    """A fresh etcd (no sync key) says nothing of who holds what; the node knows it lacks data."""
+    cluster = snapshot(damaged(ME), member("n2", State.CONNECTING))
+    decision = decide(ME, CONNECTING, cluster, lease_confirmed=True, store=Store(True, True, damaged=True))
+    assert isinstance(decision, Stay) and "damaged" in decision.reason and "promote --force" in decision.reason
+    assert isinstance(decide("n2", CONNECTING, cluster, lease_confirmed=True), Campaign)
