@@ -372,7 +372,7 @@ class Journal:
                 log.warning("journal checkpoint not written (tried again every second, quietly)",
                             error=os.strerror(error.errno) if error.errno else str(error))
             self._checkpoint_failed = True
-            when, token, size = self._checkpointed
+            _, token, size = self._checkpointed
             self._checkpointed = (time.monotonic(), token, size)  # the next try in CHECKPOINT_INTERVAL
             return
         if self._checkpoint_failed:

@@ -19,8 +19,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -201,25 +202,22 @@ def test_promote_force_starts_a_damaged_node_alone_and_says_what_is_lost(ha):
 # -- a backup's disk turns read-only ------------------------------------------------------------------------
 
 
-def _cluster_on_loop_disks(etcd: Any, tmp_path: Path, size: int) -> tuple[EtcdHa, list[Ext4Loop]]:
+@contextmanager
+def cluster_on_disks(etcd: Any, tmp_path: Path, size: int, disk: Callable[[Path], Any] = Ext4Loop
+                     ) -> Iterator[tuple[EtcdHa, list[Any]]]:
+    """``size`` etcd nodes, each with its data dir on a disk of its own (``disk(path)``, a context manager:
+    ``Ext4Loop`` or a ``Tmpfs``); the nodes stopped and the disks unmounted afterwards, whatever happened."""
     c = EtcdHa(etcd, tmp_path, size, data=True)
-    disks = []
-    try:
-        for index in range(size):
-            disks.append(Ext4Loop(c.data_dir(index)).__enter__())
+    with ExitStack() as stack:
+        disks = [stack.enter_context(disk(c.data_dir(index))) for index in range(size)]
+        stack.callback(c.stop)  # (callbacks run last first: the nodes stop before their disks go)
         c.start()
-    except BaseException:
-        c.stop()
-        for disk in disks:
-            disk.close()
-        raise
-    return c, disks
+        yield c, disks
 
 
 @pytest.mark.etcd
 def test_a_backup_whose_disk_turns_read_only_leaves_and_producers_go_on(etcd, tmp_path):
-    c, disks = _cluster_on_loop_disks(etcd, tmp_path, 3)
-    try:
+    with cluster_on_disks(etcd, tmp_path, 3) as (c, disks):
         primary = c.wait_replicating()
         create_durable_queue(c[primary], "q")
         failing, other = [i for i in range(3) if i != primary]
@@ -256,18 +254,13 @@ def test_a_backup_whose_disk_turns_read_only_leaves_and_producers_go_on(etcd, tm
         assert verified.returncode == 0, verified.stdout + verified.stderr
         receiver = drain([c[primary].url], "q", sender.accepted_set, time_limit=60)
         assert not receiver.missing(sender.accepted_set)
-    finally:
-        c.stop()
-        for disk in disks:
-            disk.close()
 
 
 @pytest.mark.etcd
 def test_with_two_nodes_a_backup_that_cannot_store_gets_producers_a_clear_refusal(etcd, tmp_path):
     """``--min-sync 2`` cannot be met without the backup: the primary refuses, naming it and why, at once;
     nothing refused stays on a queue; messages are taken again once the backup is back and caught up."""
-    c, disks = _cluster_on_loop_disks(etcd, tmp_path, 2)
-    try:
+    with cluster_on_disks(etcd, tmp_path, 2) as (c, disks):
         primary = c.wait_replicating()
         failing = 1 - primary
         create_durable_queue(c[primary], "q")
@@ -301,20 +294,13 @@ def test_with_two_nodes_a_backup_that_cannot_store_gets_producers_a_clear_refusa
         found = drain_bodies(c[primary].url, "q")
         check_every_body(found, accepted)
         assert not set(found) & set(during.rejected), "a refused message was kept"
-    finally:
-        c.stop()
-        for disk in disks:
-            disk.close()
 
 
 @pytest.mark.etcd
 def test_a_backup_whose_disk_fills_leaves_and_comes_back_by_itself_once_there_is_room(etcd, tmp_path):
     """ENOSPC on a backup: it leaves (producers go on, min_sync met by the others), says why, and once the
     operator makes room its probe fits: it reconnects and catches up without a restart."""
-    c = EtcdHa(etcd, tmp_path, 3, data=True)
-    disks = [Tmpfs(c.data_dir(index), 16 << 20).__enter__() for index in range(3)]
-    try:
-        c.start()
+    with cluster_on_disks(etcd, tmp_path, 3, lambda path: Tmpfs(path, 16 << 20)) as (c, disks):
         primary = c.wait_replicating()
         create_durable_queue(c[primary], "q")
         full, other = [i for i in range(3) if i != primary]
@@ -331,18 +317,13 @@ def test_a_backup_whose_disk_fills_leaves_and_comes_back_by_itself_once_there_is
         assert c.query(primary)["ha"]["not_storing"] == {}
         verified = hastandby("verify", "-b", c[primary].address)
         assert verified.returncode == 0, verified.stdout + verified.stderr
-    finally:
-        c.stop()
-        for disk in disks:
-            disk.__exit__(None, None, None)
 
 
 @pytest.mark.etcd
 def test_a_primary_whose_disk_turns_read_only_hands_over_to_a_backup_that_can_write(etcd, tmp_path):
     """A primary that cannot write would refuse every durable message for as long as its disk is broken: it
     hands over to a ready backup instead, and a producer with the URL list goes on."""
-    c, disks = _cluster_on_loop_disks(etcd, tmp_path, 3)
-    try:
+    with cluster_on_disks(etcd, tmp_path, 3) as (c, disks):
         primary = c.wait_replicating()
         create_durable_queue(c[primary], "q")
         sender = NumberedSender(c.url_list, "q", count=3000, rate=300, durable=True, time_limit=90).start()
@@ -370,10 +351,6 @@ def test_a_primary_whose_disk_turns_read_only_hands_over_to_a_backup_that_can_wr
         c.wait_following(primary, new, timeout=30)
         receiver = drain([c[new].url], "q", sender.accepted_set, time_limit=60)
         assert not receiver.missing(sender.accepted_set)
-    finally:
-        c.stop()
-        for disk in disks:
-            disk.close()
 
 
 # -- a full disk ----------------------------------------------------------------------------------------------
