@@ -14,7 +14,7 @@ queue and runs ``--chunks`` sends of ``--count`` durable 100-byte messages.
 With ``--backups N`` the primary has N backups (each with its own data dir),
 started once the queue exists and caught up before the first send: the
 primary accepts a message only once every backup stored it, so the backups'
-replicating receivers (``browser/replicator.py``) are on the path of every
+replicating receivers (``ha/replicator.py``) are on the path of every
 send, and a batch they leave unread stalls the producer just the same.  After
 the last chunk every backup's replica must hold what the primary holds.
 

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from hastandby.client import ManagementClient
-from hastandby.lifecycle.cluster import ClusterKeys
+from hastandby.election.cluster import ClusterKeys
 from hastandby.testing import auth as _auth
 from hastandby.testing.etcd import EtcdServer
 from hastandby.testing.nodes import read_node_log

@@ -38,10 +38,10 @@ from typing import Any, Sequence
 import structlog
 from proton import Message
 
-from hastandby.broker.journal import Journal
-from hastandby.broker.queue import Queue
-from hastandby.broker.registry import Registry
-from hastandby.broker.sections import HEADER_PREFIX
+from hastandby.broker.store.journal import Journal
+from hastandby.broker.queues.queue import Queue
+from hastandby.broker.queues.registry import Registry
+from hastandby.broker.message.sections import HEADER_PREFIX
 from hastandby.testing import cexamples
 from hastandby.testing.provenance import host_info
 

@@ -74,7 +74,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from hastandby.broker.memory import LOW_FRACTION, parse_watermark
+from hastandby.broker.admission.memory import LOW_FRACTION, parse_watermark
 from hastandby.client import ManagementClient, ManagementError
 from hastandby.testing import auth as _auth
 from hastandby.testing import cexamples

@@ -1,5 +1,5 @@
 """``python -m hastandby`` runs the CLI."""
 
-from .cli import main
+from hastandby.cli import main
 
 main()

@@ -13,11 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .broker.authority import Authority
-from .broker.errors import InvalidArgument, NotFound
-from .broker.management import Management, Request
-from .security.acl import AclError
-from .security.credentials import CredentialsError
+from hastandby.broker.admission.authority import Authority
+from hastandby.broker.errors import InvalidArgument, NotFound
+from hastandby.broker.management import Management, Request
+from hastandby.security.acl import AclError
+from hastandby.security.credentials import CredentialsError
 
 
 def register_access_operations(management: Management, authority: Authority, acl_file: Path | None) -> None:

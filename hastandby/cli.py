@@ -15,11 +15,11 @@ from typing import Any
 
 import click
 
-from .broker.vocabulary import LEVELS
-from .client import Login, ManagementClient, ManagementError, read_password, redirected
-from .connect_timeout import CONNECT_TIMEOUT
-from .logs import FORMATS
-from .verify import verify as run_verify
+from hastandby.broker.vocabulary import LEVELS
+from hastandby.client import Login, ManagementClient, ManagementError, read_password, redirected
+from hastandby.connect_timeout import CONNECT_TIMEOUT
+from hastandby.logs import FORMATS
+from hastandby.verify import verify as run_verify
 
 BROKER_HELP = "node to talk to, HOST:PORT"
 DEFAULT_BROKER = "127.0.0.1:5672"
@@ -104,7 +104,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .lifecycle.etcd_client import EtcdSettings
+    from hastandby.election.etcd_client import EtcdSettings
 
 
 def _etcd_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -149,7 +149,7 @@ def _etcd_settings(endpoints: str | None, ca_file: str | None, cert_file: str | 
         password = read_password(password_file) if password_file else None
     except ManagementError as error:
         raise click.ClickException(str(error)) from None
-    from .lifecycle.etcd_client import EtcdSettings
+    from hastandby.election.etcd_client import EtcdSettings
 
     try:
         return EtcdSettings(endpoints, ca_file=ca_file, cert_file=cert_file, key_file=key_file, user=user,
@@ -246,21 +246,21 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
           metrics_listen: str | None, supervise: bool, virtual_ip: str | None, virtual_ip_interface: str | None,
           on_role_change: str | None, on_role_change_timeout: float) -> None:
     """Run a node until SIGINT/SIGTERM.  --listen none: no plain listener (TLS only)."""
-    from . import logs
-    from .dr.service import DisasterRecovery, config_store
-    from .broker.memory import parse_watermark
-    from .node import Node, NodeConfig
-    from .security.acl import AclError
-    from .security.credentials import CredentialsError
-    from .security.tls import TlsError, TlsSettings
+    from hastandby import logs
+    from hastandby.dr.service import DisasterRecovery, config_store
+    from hastandby.broker.admission.memory import parse_watermark
+    from hastandby.node import Node, NodeConfig
+    from hastandby.security.acl import AclError
+    from hastandby.security.credentials import CredentialsError
+    from hastandby.security.tls import TlsError, TlsSettings
 
     logs.configure(log_format, log_level)
-    from .lifecycle.supervised import die_with_supervisor
+    from hastandby.host.supervised import die_with_supervisor
 
     die_with_supervisor()
     follower = _follow_primary_options(ha_cluster or bool(etcd), virtual_ip, virtual_ip_interface, on_role_change)
     if supervise:
-        from .lifecycle.supervisor import Supervisor
+        from hastandby.host.supervisor import Supervisor
 
         node_argv = [sys.executable, "-m", "hastandby", *(arg for arg in sys.argv[1:] if arg != "--supervise")]
         # A dead node cannot remove its virtual IP; its supervisor, on the same host, can.
@@ -305,7 +305,7 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
         dr = DisasterRecovery(node, config_store(data_dir, etcd, cluster_name),
                               public_url or config.peer_address, heartbeat=min(heartbeat, 2.0) or 2.0)
         if ha_cluster:
-            from .lifecycle.ha_node import HaConfig, HaNode
+            from hastandby.ha.node import HaConfig, HaNode
 
             brokers = [b.strip() for b in brokers_url.split(",") if b.strip()]
             ha = HaNode(node, HaConfig(brokers=brokers, public_url=public_url, backup_timeout=backup_timeout,
@@ -319,7 +319,7 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
             if node.journal is not None and node.journal.damage:  # logged and shown in status (found_damaged)
                 node.journal.repaired("a standalone node has no other copy to recover from: the loss is final")
         if metrics_listen:
-            from .metrics import serve_metrics
+            from hastandby.metrics import serve_metrics
             try:
                 serve_metrics(node, metrics_listen)
             except (OSError, ValueError) as error:
@@ -341,7 +341,7 @@ def _follow_primary_options(clustered: bool, virtual_ip: str | None, interface: 
     if (virtual_ip or on_role_change) and not clustered:
         raise click.UsageError("--virtual-ip and --on-role-change need --ha-cluster or --etcd")
     if on_role_change:
-        from .lifecycle.role_hooks import RoleCommandError, parse_command
+        from hastandby.host.role_hooks import RoleCommandError, parse_command
 
         try:
             parse_command(on_role_change)
@@ -351,7 +351,7 @@ def _follow_primary_options(clustered: bool, virtual_ip: str | None, interface: 
         raise click.UsageError("--virtual-ip and --virtual-ip-interface go together")
     if not virtual_ip or not interface:
         return None
-    from .lifecycle.virtual_ip import VirtualIp, VirtualIpError, check_setup, parse_address
+    from hastandby.host.virtual_ip import VirtualIp, VirtualIpError, check_setup, parse_address
 
     try:
         address = parse_address(virtual_ip)
@@ -366,13 +366,13 @@ def _attach_role_actions(ha: Any, follower: Any, on_role_change: str | None, clu
     """The virtual IP follows client service, the hook every role change; what to wait for at the end."""
     closers: list[Callable[[], object]] = []
     if follower is not None:
-        from .lifecycle.virtual_ip import COMMAND_TIMEOUT
+        from hastandby.host.virtual_ip import COMMAND_TIMEOUT
 
         follower.start()  # removes what a node killed as primary may have left here
         ha.on_serving.append(follower.serving)
         closers.append(lambda: follower.close(COMMAND_TIMEOUT + 1))
     if on_role_change:
-        from .lifecycle.role_hooks import RoleCommand
+        from hastandby.host.role_hooks import RoleCommand
 
         command = RoleCommand(on_role_change, cluster_name, ha.node_id, timeout)
         ha.on_role_change.append(command.role_changed)
@@ -384,7 +384,7 @@ def _parse_limits(pairs: tuple[str, ...]) -> Any:
     """``--limit NAME=VALUE`` options onto the default Limits."""
     import dataclasses
 
-    from .broker.limits import Limits
+    from hastandby.broker.admission.limits import Limits
 
     known = {f.name for f in dataclasses.fields(Limits)}
     values: dict[str, int] = {}
@@ -803,7 +803,7 @@ def _new_password(password_file: Path | None) -> str:
 
 def _edit_users(users_file: Path | None, broker: str | None, operation: str, body: dict[str, Any],
                 change: Any) -> None:
-    from .security.credentials import Credentials, CredentialsError
+    from hastandby.security.credentials import Credentials, CredentialsError
 
     if (users_file is None) == (broker is None):
         raise click.UsageError("give --users-file FILE (offline) or -b NODE (a running node)")
@@ -976,7 +976,7 @@ def cluster_up(directory: Path, nodes: int, base_port: int, etcd_port: int, leas
                foreground: bool, on_role_change: str | None, virtual_ip: str | None,
                virtual_ip_interface: str | None) -> None:
     """Start etcd and the nodes (each under serve --supervise); print their URLs, states and PIDs."""
-    from . import local_cluster
+    from hastandby import local_cluster
 
     # In the foreground, what this command starts it stops: on Ctrl-C, on SIGTERM (timeout, a service
     # manager, a container stop), and when the start fails half way; never a cluster that was already running.
@@ -1003,7 +1003,7 @@ def cluster_up(directory: Path, nodes: int, base_port: int, etcd_port: int, leas
 
 def _start_local_cluster(directory: Path, nodes: int, base_port: int, etcd_port: int, lease_ttl: int,
                          foreground: bool, serve_args: Sequence[str] = ()) -> None:
-    from . import local_cluster
+    from hastandby import local_cluster
 
     try:
         state = local_cluster.up(directory, nodes, base_port, etcd_port, lease_ttl, serve_args=serve_args)
@@ -1033,7 +1033,7 @@ def _node_line(view: Any) -> str:
 
 
 def _stop_local_cluster(directory: Path) -> None:
-    from . import local_cluster
+    from hastandby import local_cluster
 
     killed = local_cluster.down(directory)
     if killed:
@@ -1049,7 +1049,7 @@ def _interrupt(*_: object) -> None:
 @_CLUSTER_DIR
 def cluster_status(directory: Path) -> None:
     """Print every node's URL, state and PIDs (its supervisor's, its broker process's)."""
-    from . import local_cluster
+    from hastandby import local_cluster
 
     try:
         for view in local_cluster.status(directory):
@@ -1062,7 +1062,7 @@ def cluster_status(directory: Path) -> None:
 @_CLUSTER_DIR
 def cluster_down(directory: Path) -> None:
     """Stop the nodes together, then etcd (SIGTERM; SIGKILL for what has not stopped within seconds)."""
-    from . import local_cluster
+    from hastandby import local_cluster
 
     try:
         _stop_local_cluster(directory)

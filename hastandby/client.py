@@ -27,8 +27,8 @@ from urllib.parse import unquote, urlsplit
 from proton import ConnectionException, Message, ProtonException, SSLDomain, Timeout
 from proton.utils import BlockingConnection, SyncRequestResponse
 
-from .broker.vocabulary import ADMIN_PROPERTY, MANAGEMENT_ADDRESS
-from .connect_timeout import CONNECT_TIMEOUT
+from hastandby.broker.vocabulary import ADMIN_PROPERTY, MANAGEMENT_ADDRESS
+from hastandby.connect_timeout import CONNECT_TIMEOUT
 
 NOTHING_LISTENING = "cannot connect (nothing listening?)"
 

@@ -4,7 +4,7 @@
 directory (logs, data dirs, PIDs in ``cluster.json``), waits until etcd has
 elected a primary and the others are backups, and prints their URLs.  Each
 node runs as in production, under ``serve --supervise``
-(``lifecycle/supervisor.py``): a broker process that dies has its lease
+(``host/supervisor.py``): a broker process that dies has its lease
 revoked at once and is started again, and comes back as a backup.
 ``cluster status`` asks every node (its state, its supervisor's and its
 broker process's PIDs); ``cluster down`` stops the nodes together, then etcd,
@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .client import Login, ManagementClient, ManagementError, read_password
-from .local_processes import Started, alive, spawn, stop_all
-from .security.credentials import Credentials
+from hastandby.client import Login, ManagementClient, ManagementError, read_password
+from hastandby.local_processes import Started, alive, spawn, stop_all
+from hastandby.security.credentials import Credentials
 
 STATE_FILE = "cluster.json"
 USERS_FILE = "users.json"

@@ -15,7 +15,7 @@ Why a snapshot taken on the reactor thread
 ------------------------------------------
 
 Proton objects and the node's state (queues, links, guards, the HA roles)
-belong to the driver's thread (``broker/driver.py``): nothing locks them, and
+belong to the driver's thread (``broker/transport/driver.py``): nothing locks them, and
 reading them from the HTTP thread while the reactor changes them could see a
 dict change size mid-iteration or a half-made update (a queue's depth without
 its bytes), and touching a proton object from two threads is not safe at all.
@@ -46,7 +46,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, start_http_se
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .lifecycle.states import State
+from hastandby.lifecycle.states import State
 
 log = structlog.get_logger("hastandby.metrics")
 
@@ -330,7 +330,7 @@ def _logins(logins: dict[str, Any] | None) -> Iterator[Metric | None]:
 
 
 def _replication(ha: dict[str, Any]) -> Iterator[Metric | None]:
-    """What a primary knows of its backups (``browser/primary.py``); empty on other nodes."""
+    """What a primary knows of its backups (``ha/primary.py``); empty on other nodes."""
     lag = _gauges("backup_lag_messages", "messages on the queue the backup has not acknowledged (the whole queue "
                   "while it has no browser on it)", ["queue", "backup"])
     for queue, per_backup in (ha.get("lag") or {}).items():
@@ -419,7 +419,7 @@ def serve_metrics(node: Any, listen: str) -> tuple[str, int]:
     Binds now (an address in use fails the start, OSError); the server thread
     answers scrapes as soon as the node's reactor runs.
     """
-    from .node import split_hostport
+    from hastandby.broker.transport.address import split_hostport
 
     host, port = split_hostport(listen, default_port=9464)
     source = SnapshotSource(node.call_soon_threadsafe, lambda: take_snapshot(node))

@@ -18,26 +18,27 @@ from typing import Any, Callable
 import structlog
 from proton import Condition
 
-from . import __version__
-from .access import register_access_operations
-from .broker.authority import Authority, principal_of
-from .broker.blocking import BlockingCalls
-from .broker.journal import Journal
-from .broker.limits import Limits
-from .broker.management import Management
-from .broker.memory import DEFAULT_FRACTION, LOW_FRACTION, SAMPLE_INTERVAL, total_ram
-from .broker.registry import Registry
-from .broker.server import BrokerHandler, Refusal
-from .broker.store import WiringStore
-from .files import write_atomically
-from .security.acl import Acl, AclError
-from .security.credentials import Credentials
-from .security.login_pool import LoginPool
-from .security.login_throttle import LoginThrottle
-from .security.logins import Logins
-from .security.pipe import ClientSecurity, ServerSecurity
-from .security.source_rate import SourceRate
-from .security.tls import TlsSettings
+from hastandby import __version__
+from hastandby.broker.transport.address import split_hostport
+from hastandby.access import register_access_operations
+from hastandby.broker.admission.authority import Authority, principal_of
+from hastandby.broker.transport.blocking import BlockingCalls
+from hastandby.broker.store.journal import Journal
+from hastandby.broker.admission.limits import Limits
+from hastandby.broker.management import Management
+from hastandby.broker.admission.memory import DEFAULT_FRACTION, LOW_FRACTION, SAMPLE_INTERVAL, total_ram
+from hastandby.broker.queues.registry import Registry
+from hastandby.broker.server import BrokerHandler, Refusal
+from hastandby.broker.store.wiring import WiringStore
+from hastandby.files import write_atomically
+from hastandby.security.acl import Acl, AclError
+from hastandby.security.credentials import Credentials
+from hastandby.security.login_pool import LoginPool
+from hastandby.security.login_throttle import LoginThrottle
+from hastandby.security.logins import Logins
+from hastandby.security.pipe import ClientSecurity, ServerSecurity
+from hastandby.security.source_rate import SourceRate
+from hastandby.security.tls import TlsSettings
 
 log = structlog.get_logger("hastandby.node")
 
@@ -91,20 +92,6 @@ class NodeConfig:
     def peer_address(self) -> str:
         """Where peers reach this node: its TLS listener when peers speak TLS."""
         return (self.listen_tls if self.peer_tls else None) or self.address
-
-
-def split_hostport(text: str, default_port: int = 5672) -> tuple[str, int]:
-    """'host:port' (or 'amqp://host:port', or 'host') -> (host, port); ValueError if the port is not one."""
-    if "://" in text:
-        text = text.split("://", 1)[1]
-    text = text.rstrip("/")
-    host, _, port = text.rpartition(":")
-    if not host:
-        return text, default_port
-    number = int(port)
-    if not 0 <= number < 65536:
-        raise ValueError(f"port {number} is out of range (0..65535)")
-    return host, number
 
 
 class Node:

@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .broker.vocabulary import IDS_PAGE
-from .client import Login, ManagementClient, ManagementError
-from .connect_timeout import CONNECT_TIMEOUT
+from hastandby.broker.vocabulary import IDS_PAGE
+from hastandby.client import Login, ManagementClient, ManagementError
+from hastandby.connect_timeout import CONNECT_TIMEOUT
 
 
 @dataclass(frozen=True)

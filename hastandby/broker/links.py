@@ -7,7 +7,7 @@ replication id in decimal, so a disposition names its message without a
 lookup table.
 
 This module and the driver are the only ones that import ``cproton``: the
-replication links (``replication/``, ``browser/``, ``dr/``) use the C calls
+replication links (``replication/``, ``ha/``, ``dr/``) use the C calls
 bound below and the helpers beside them, so a proton upgrade that changes
 the C binding is fixed in two files.
 """
@@ -21,16 +21,16 @@ from cproton import PN_ACCEPTED, PN_MODIFIED, PN_REJECTED, PN_RELEASED, ffi, lib
 
 from proton import Condition, Connection, Delivery, Endpoint, Link
 
-from . import sections
-from .backlog import Backlog
-from .completion import Completion
-from .errors import BrokerError, InvalidArgument, NotFound
-from .fence import Fence
-from .memory import MemoryAlarm
-from .queue import Queue
+from hastandby.broker.message import sections
+from hastandby.broker.admission.backlog import Backlog
+from hastandby.broker.queues.completion import Completion
+from hastandby.broker.errors import BrokerError, InvalidArgument, NotFound
+from hastandby.broker.admission.fence import Fence
+from hastandby.broker.admission.memory import MemoryAlarm
+from hastandby.broker.queues.queue import Queue
 
 if TYPE_CHECKING:
-    from .registry import Node, Registry
+    from hastandby.broker.queues.registry import Node, Registry
 
 _OUTCOMES = (PN_ACCEPTED, PN_REJECTED, PN_RELEASED, PN_MODIFIED)
 

@@ -32,15 +32,15 @@ from proton import Condition, Connection, Delivery, Link, Message, MessageExcept
 
 from hastandby.security.credentials import Credentials
 
-from . import lineage
-from .authority import Authority, principal_of
-from .errors import BrokerError, InvalidArgument, NotFound
-from .limits import Limits
-from .links import close_link, receive_each
-from .peer import field
-from .registry import Registry
-from .values import plain
-from .vocabulary import IDS_PAGE
+from hastandby.broker.queues import lineage
+from hastandby.broker.admission.authority import Authority, principal_of
+from hastandby.broker.errors import BrokerError, InvalidArgument, NotFound
+from hastandby.broker.admission.limits import Limits
+from hastandby.broker.links import close_link, receive_each
+from hastandby.broker.transport.peer import field
+from hastandby.broker.queues.registry import Registry
+from hastandby.broker.message.values import plain
+from hastandby.broker.vocabulary import IDS_PAGE
 
 Operation = Callable[["Request"], "tuple[int, Any] | Deferred"]
 Guard = Callable[["Request"], None]

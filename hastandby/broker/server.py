@@ -45,22 +45,22 @@ from proton import (
 
 from hastandby.security.sasl import Principal
 
-from .authority import Authority, principal_of
-from .backlog import Backlog
-from .driver import Driver, link_name
-from .errors import BrokerError, InvalidArgument, ResourceLimitExceeded, ResourceLocked
-from .exchange import Exchange
-from .fence import Fence
-from .limits import Limits
-from .links import IncomingLink, OutgoingLink
-from .management import Management, ManagementLink
-from .vocabulary import MANAGEMENT_ADDRESS
-from .memory import MemoryAlarm
-from .peer import address as peer_address
-from .peer import field as peer_field
-from .peer import properties as peer_properties
-from .queue import Queue
-from .registry import REPLICATE, Node, Registry, queue_settings
+from hastandby.broker.admission.authority import Authority, principal_of
+from hastandby.broker.admission.backlog import Backlog
+from hastandby.broker.transport.driver import Driver, link_name
+from hastandby.broker.errors import BrokerError, InvalidArgument, ResourceLimitExceeded, ResourceLocked
+from hastandby.broker.queues.exchange import Exchange
+from hastandby.broker.admission.fence import Fence
+from hastandby.broker.admission.limits import Limits
+from hastandby.broker.links import IncomingLink, OutgoingLink
+from hastandby.broker.management import Management, ManagementLink
+from hastandby.broker.vocabulary import MANAGEMENT_ADDRESS
+from hastandby.broker.admission.memory import MemoryAlarm
+from hastandby.broker.transport.peer import address as peer_address
+from hastandby.broker.transport.peer import field as peer_field
+from hastandby.broker.transport.peer import properties as peer_properties
+from hastandby.broker.queues.queue import Queue
+from hastandby.broker.queues.registry import REPLICATE, Node, Registry, queue_settings
 
 
 @dataclass(frozen=True)

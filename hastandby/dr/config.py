@@ -10,7 +10,7 @@ node says so in its log.
 
 Besides what the operator asked for, a configuration carries what resuming
 needs: the source epoch last seen, the source queue's lineage last adopted
-(``broker/lineage.py``, in its wire form), in enqueue mode the id
+(``broker/queues/lineage.py``, in its wire form), in enqueue mode the id
 ``base`` that maps the source's ids onto the replica's (see ``replica``), and
 the arguments the local queue was declared with, so a replica queue the node
 has to declare again (not durable, after a restart) keeps its priorities,
@@ -29,12 +29,12 @@ import structlog
 
 from hastandby.broker.errors import InvalidArgument
 from hastandby.files import write_atomically
-from hastandby.node import split_hostport
+from hastandby.broker.transport.address import split_hostport
 
-from .protocol import MODES
+from hastandby.dr.protocol import MODES
 
 if TYPE_CHECKING:
-    from hastandby.lifecycle.etcd_client import EtcdSettings
+    from hastandby.election.etcd_client import EtcdSettings
 
 log = structlog.get_logger("hastandby.dr")
 
@@ -164,8 +164,8 @@ class EtcdStore:
 
     def __init__(self, etcd: EtcdSettings | str, cluster: str, timeout: float = 2.0) -> None:
         # Imported here: etcd_client sets up protobuf before etcd3 loads, only when etcd is used.
-        from hastandby.lifecycle.cluster import ClusterKeys
-        from hastandby.lifecycle.etcd_client import EtcdClient
+        from hastandby.election.cluster import ClusterKeys
+        from hastandby.election.etcd_client import EtcdClient
 
         self.prefix = ClusterKeys(cluster).prefix + "replication/"
         self._client = EtcdClient(etcd, timeout)

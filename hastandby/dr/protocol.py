@@ -13,7 +13,7 @@ messages carry.  A queue keeps its uuid across an HA failover, where ids
 continue, and gets a new one when a standalone node restarts, where ids
 start again, so a changed epoch tells the replica its ids mean nothing now.
 Within one epoch, ids mean the same message only below the point where the
-two sides' *lineages* diverge (``broker/lineage.py``: a source cluster's
+two sides' *lineages* diverge (``broker/queues/lineage.py``: a source cluster's
 primary that was frozen may have given ids out that its successor gave to
 other messages).  The replica sends the source lineage it adopted last
 (``hastandby.dr-lineage``), the source answers with its own, and both
@@ -59,10 +59,10 @@ from typing import Any
 
 from proton import symbol
 
-from hastandby.broker import lineage
-from hastandby.broker.idset import IdSet
-from hastandby.broker.lineage import Lineage
-from hastandby.broker.values import plain
+from hastandby.broker.queues import lineage
+from hastandby.broker.queues.idset import IdSet
+from hastandby.broker.queues.lineage import Lineage
+from hastandby.broker.message.values import plain
 from hastandby.replication.codec import (
     IDS_PROPERTY,
     MAX_ID,

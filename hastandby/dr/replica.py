@@ -33,11 +33,12 @@ from typing import Any, Callable
 import structlog
 from proton import Condition, Connection, Endpoint, Event, Link, Terminus
 
-from hastandby.broker import lineage, sections
-from hastandby.broker.completion import Completion
-from hastandby.broker.driver import Driver
+from hastandby.broker.queues import lineage
+from hastandby.broker.message import sections
+from hastandby.broker.queues.completion import Completion
+from hastandby.broker.transport.driver import Driver
 from hastandby.broker.errors import BrokerError
-from hastandby.broker.fence import Fence
+from hastandby.broker.admission.fence import Fence
 from hastandby.broker.links import (
     accept,
     delivery_tag,
@@ -48,10 +49,11 @@ from hastandby.broker.links import (
     take_deliveries,
     take_whole,
 )
-from hastandby.broker.outbound import Address, Outbound
-from hastandby.broker.queue import Queue
-from hastandby.broker.registry import Registry
-from hastandby.broker.idset import IdSet
+from hastandby.broker.transport.address import Address
+from hastandby.broker.transport.outbound import Outbound
+from hastandby.broker.queues.queue import Queue
+from hastandby.broker.queues.registry import Registry
+from hastandby.broker.queues.idset import IdSet
 from hastandby.replication.codec import (
     COUNTS_TAG,
     DEQUEUE_TAG,
@@ -64,11 +66,11 @@ from hastandby.replication.codec import (
     encode_control,
     link_properties,
 )
-from hastandby.node import split_hostport
+from hastandby.broker.transport.address import split_hostport
 from hastandby.security.pipe import ClientSecurity
 
-from .config import ReplicationConfig
-from .protocol import (
+from hastandby.dr.config import ReplicationConfig
+from hastandby.dr.protocol import (
     ACK_ADDRESS,
     EPOCH_PROPERTY,
     REPLICA_PROPERTY,
@@ -330,7 +332,7 @@ class ReplicaLink:
 
     def _enqueue_batch(self, delivery: Any, data: bytes) -> None:
         """Store a batch of source messages; one completion acknowledges them all."""
-        if not self.fence.allows():  # taking nothing we could not acknowledge (broker/fence.py)
+        if not self.fence.allows():  # taking nothing we could not acknowledge (broker/admission/fence.py)
             self.fail(BrokerError("this node may not take messages now (fenced)"))
             return
         ids, payloads = decode_ordered_batch(data, self.config.base if self.config.mode == "enqueue" else 0)

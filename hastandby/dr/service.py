@@ -31,10 +31,10 @@ from hastandby.broker.errors import (
 from hastandby.broker.management import Deferred, Request
 from hastandby.node import Node
 
-from .config import ConfigStore, EtcdStore, FileStore, MemoryStore, ReplicationConfig
-from .protocol import ReplicaIdentity
-from .replica import ReplicaLink
-from .source import DrSource
+from hastandby.dr.config import ConfigStore, EtcdStore, FileStore, MemoryStore, ReplicationConfig
+from hastandby.dr.protocol import ReplicaIdentity
+from hastandby.dr.replica import ReplicaLink
+from hastandby.dr.source import DrSource
 
 log = structlog.get_logger("hastandby.dr")
 

@@ -32,17 +32,18 @@ from typing import Any, Callable
 import structlog
 from proton import Condition, Connection, Endpoint, Link
 
-from hastandby.broker import lineage, peer
-from hastandby.broker.arrivals import Arrivals
-from hastandby.broker.authority import Authority, principal_of
-from hastandby.broker.completion import Completion
-from hastandby.broker.driver import Driver, Timer
+from hastandby.broker.queues import lineage
+from hastandby.broker.transport import peer
+from hastandby.broker.queues.arrivals import Arrivals
+from hastandby.broker.admission.authority import Authority, principal_of
+from hastandby.broker.queues.completion import Completion
+from hastandby.broker.transport.driver import Driver, Timer
 from hastandby.broker.errors import InvalidArgument, NotAllowed, NotFound
-from hastandby.broker.exchange import Binding
+from hastandby.broker.queues.exchange import Binding
 from hastandby.broker.links import pn_link_credit, send_settled
-from hastandby.broker.queue import Queue
-from hastandby.broker.registry import INTERNAL, REPLICATE, Node, Registry
-from hastandby.broker.values import plain
+from hastandby.broker.queues.queue import Queue
+from hastandby.broker.queues.registry import INTERNAL, REPLICATE, Node, Registry
+from hastandby.broker.message.values import plain
 from hastandby.replication.batching import BatchingLink
 from hastandby.replication.guard import QueueGuard
 from hastandby.broker.vocabulary import ADMIN_PROPERTY
@@ -54,7 +55,7 @@ from hastandby.replication.codec import (
 )
 from hastandby.replication.subscription import ReplicatingSubscription
 
-from .protocol import (
+from hastandby.dr.protocol import (
     ACK_ADDRESS,
     MODE_PROPERTY,
     REPLICA_PROPERTY,

@@ -1,7 +1,6 @@
-"""The node's role in an HA cluster, and the election that assigns it.
+"""The node's life as a pure state table: connecting -> catchup -> backup -> primary, and standalone.
 
-``states`` is the pure state table (connecting -> catchup -> backup ->
-primary, plus standalone); ``cluster`` the etcd key layout and snapshot;
-``decide`` the pure per-cycle decision; ``coordinator`` the only code that
-talks to etcd.  See docs/lifecycle.md.
+``states.py`` is the table (every transition and its actions), ``effects.py``
+its one interpreter, ``promotion.py`` an operator's promotion decided over
+the cluster's state.  Nothing here does I/O; see docs/lifecycle.md.
 """

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from .states import Action
+from hastandby.lifecycle.states import Action
 
 
 class RoleEffects(Protocol):

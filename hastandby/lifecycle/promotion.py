@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .states import Event, NodeStatus, State
+from hastandby.lifecycle.states import Event, NodeStatus, State
 
 
 @dataclass(frozen=True)

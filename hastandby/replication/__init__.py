@@ -1,7 +1,7 @@
 """What hot standby and DR replication share: the codec, the batching link, guards, the subscription.
 
 A replicating link carries every message of one queue to one peer that
-stores it and says so.  Hot standby (``browser/``: a primary and its backups)
+stores it and says so.  Hot standby (``ha/``: a primary and its backups)
 and DR replication (``dr/``: a source and its replica sites) both build their
 links from the parts here:
 
@@ -14,6 +14,6 @@ links from the parts here:
 - ``subscription.ReplicatingSubscription``: a batching link that also sends
   dequeues and runs the id-set catch-up.
 
-Neither ``browser/`` nor ``dr/`` imports the other; both import this package,
+Neither ``ha/`` nor ``dr/`` imports the other; both import this package,
 and this package imports only ``broker/`` (``tests/unit/test_layers.py``).
 """

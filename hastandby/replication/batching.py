@@ -34,7 +34,7 @@ from typing import Any, Sequence, cast
 
 from proton import Link
 
-from hastandby.broker.driver import Driver
+from hastandby.broker.transport.driver import Driver
 from hastandby.broker.links import (
     OutgoingLink,
     pn_delivery_remote_state,
@@ -43,10 +43,10 @@ from hastandby.broker.links import (
     pn_link_credit,
     send_payload,
 )
-from hastandby.broker.queue import Queue
-from hastandby.broker.registry import Registry
+from hastandby.broker.queues.queue import Queue
+from hastandby.broker.queues.registry import Registry
 
-from .codec import BATCH_TAG, encode_batch
+from hastandby.replication.codec import BATCH_TAG, encode_batch
 
 BATCH_MESSAGES = 1000
 """At most this many messages per batch, and (below) about this many bytes:

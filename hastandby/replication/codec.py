@@ -1,4 +1,4 @@
-"""What every replication link says, for hot standby (``browser/``) and DR (``dr/``) alike.
+"""What every replication link says, for hot standby (``ha/``) and DR (``dr/``) alike.
 
 Messages travel in *batches*: every message a queue gave the link during one
 pass of engine events goes in one delivery (tag ``b`` + a sequence number),
@@ -32,9 +32,9 @@ from typing import Any, Callable
 
 from proton import Delivery, Message, symbol
 
-from hastandby.broker.idset import IdSet
+from hastandby.broker.queues.idset import IdSet
 from hastandby.broker.links import receive_each
-from hastandby.broker.values import plain
+from hastandby.broker.message.values import plain
 
 BACKUP_PROPERTY = symbol("qpid.ha-backup")
 STORE_FAILED = "hastandby:store-failed"  # a backup closes its connection so when its journal cannot write

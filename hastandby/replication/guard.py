@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from hastandby.broker.completion import Completion, release_all
-from hastandby.broker.idset import IdSet
-from hastandby.broker.queue import Queue
+from hastandby.broker.queues.completion import Completion, release_all
+from hastandby.broker.queues.idset import IdSet
+from hastandby.broker.queues.queue import Queue
 
 
 class QueueGuard:

@@ -43,16 +43,16 @@ from typing import Callable, Sequence
 import structlog
 from proton import Link
 
-from hastandby.broker.arrivals import ArrivalFeed, Arrivals
-from hastandby.broker.driver import Driver, Timer
+from hastandby.broker.queues.arrivals import ArrivalFeed, Arrivals
+from hastandby.broker.transport.driver import Driver, Timer
 from hastandby.broker.links import pn_link_credit, send_settled
-from hastandby.broker.queue import Queue
-from hastandby.broker.registry import Registry
+from hastandby.broker.queues.queue import Queue
+from hastandby.broker.queues.registry import Registry
 
-from .batching import BatchingLink
-from .guard import QueueGuard
-from hastandby.broker.idset import IdSet
-from .codec import COUNTS_TAG, DEQUEUE_TAG, MESSAGE_IDS_TAG, encode_counts, encode_dequeues, encode_message_ids
+from hastandby.replication.batching import BatchingLink
+from hastandby.replication.guard import QueueGuard
+from hastandby.broker.queues.idset import IdSet
+from hastandby.replication.codec import COUNTS_TAG, DEQUEUE_TAG, MESSAGE_IDS_TAG, encode_counts, encode_dequeues, encode_message_ids
 
 log = structlog.get_logger("hastandby.replication")
 

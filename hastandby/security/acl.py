@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-from .credentials import ADMIN
+from hastandby.security.credentials import ADMIN
 
 ACTIONS = ("consume", "publish", "browse", "create", "delete", "purge", "bind", "admin")
 
@@ -78,7 +78,7 @@ class Acl(Policy):
     def __init__(self, rules: list[Rule], source: str, text: str = "") -> None:
         self.rules = rules
         self.source = source
-        self.text = text  # the file as read: what a primary replicates (wiring/access.py)
+        self.text = text  # the file as read: what a primary replicates (ha/access_replica.py)
 
     @classmethod
     def load(cls, path: Path) -> "Acl":

@@ -19,7 +19,7 @@ a DR replica); an ACL file may name any group.
 Writes are atomic: a temporary file, fsync, rename, fsync of the directory.
 
 In a cluster the users are cluster state: the primary's set is replicated to
-every backup (``wiring/access.py``), which ``replace``s its own with it and
+every backup (``ha/access_replica.py``), which ``replace``s its own with it and
 writes its file, so the file on every machine is that node's copy of the
 cluster's users.
 """
@@ -31,8 +31,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..files import write_atomically
-from .scram import Secret
+from hastandby.files import write_atomically
+from hastandby.security.scram import Secret
 
 ADMIN = "admin"
 CLUSTER = "cluster"

@@ -21,7 +21,7 @@ import hashlib
 import hmac
 import os
 
-from .scram import normalize
+from hastandby.security.scram import normalize
 
 SIZE = 1024  # remembered logins: applications reconnecting, not every user ever seen
 

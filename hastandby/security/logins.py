@@ -1,6 +1,6 @@
 """Deciding logins without stalling the node: what a client that cannot log in may cost it.
 
-The driver's handshakes (``broker/handshake.py``) come here for three things:
+The driver's handshakes (``broker/transport/handshake.py``) come here for three things:
 
 - ``wait_for``: how long a connection just accepted from a source waits
   before the node reads it at all: as long as that source has earned by
@@ -30,12 +30,12 @@ from typing import Any, Callable, Protocol
 
 import structlog
 
-from .login_cache import LoginCache
-from .login_pool import LoginPool
-from .login_throttle import LoginThrottle
-from .refusal_log import RefusalLog
-from .sasl import Users, Verification, check_password
-from .source_rate import SourceRate
+from hastandby.security.login_cache import LoginCache
+from hastandby.security.login_pool import LoginPool
+from hastandby.security.login_throttle import LoginThrottle
+from hastandby.security.refusal_log import RefusalLog
+from hastandby.security.sasl import Users, Verification, check_password
+from hastandby.security.source_rate import SourceRate
 
 log = structlog.get_logger("hastandby.logins")
 

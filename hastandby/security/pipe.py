@@ -18,8 +18,8 @@ import os
 import ssl
 from dataclasses import dataclass, field
 
-from .sasl import Principal, SaslClient, SaslServer, Users, Verification
-from .tls import TlsError, TlsLayer
+from hastandby.security.sasl import Principal, SaslClient, SaslServer, Users, Verification
+from hastandby.security.tls import TlsError, TlsLayer
 
 
 class PipeError(Exception):

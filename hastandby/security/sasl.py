@@ -30,7 +30,7 @@ from typing import Any, Callable, Protocol
 
 from proton import UNDESCRIBED, Array, Data, Described, symbol, ubyte, ulong
 
-from .scram import MECHANISM as SCRAM, ScramClient, ScramError, ScramServer, Secret, decoy_secret
+from hastandby.security.scram import MECHANISM as SCRAM, ScramClient, ScramError, ScramServer, Secret, decoy_secret
 
 SASL_HEADER = b"AMQP\x03\x01\x00\x00"
 AMQP_HEADER = b"AMQP\x00\x01\x00\x00"

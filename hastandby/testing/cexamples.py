@@ -70,7 +70,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from .paths import build_dir
+from hastandby.testing.paths import build_dir
 
 EXAMPLES_DIR = Path(os.environ.get("PROTON_EXAMPLES_DIR", "/usr/share/proton/examples/c"))
 """Where Debian's libqpid-proton11-dev-examples installs the C examples."""

@@ -16,7 +16,7 @@ from proton.utils import BlockingConnection
 
 from hastandby.security.sasl import SaslClient, SaslError
 
-from . import auth
+from hastandby.testing import auth
 
 TOPIC_FILTER = symbol("apache.org:legacy-amqp-topic-binding:string")
 

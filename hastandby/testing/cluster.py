@@ -14,8 +14,8 @@ from typing import Any
 
 from hastandby.client import ManagementClient, ManagementError
 
-from . import auth
-from .nodes import NodeProcess, free_port, stop_together
+from hastandby.testing import auth
+from hastandby.testing.nodes import NodeProcess, free_port, stop_together
 
 
 class NodeGroup:

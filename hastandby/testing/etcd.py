@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from hastandby.testing.processes import free_port
 
 if TYPE_CHECKING:
-    from hastandby.lifecycle.etcd_client import EtcdClient, EtcdSettings
+    from hastandby.election.etcd_client import EtcdClient, EtcdSettings
     from hastandby.testing.certs import Pki
 
 #: Environment variable naming the etcd binary, if not ``etcd`` on PATH.
@@ -394,7 +394,7 @@ class EtcdCluster:
 
     def leader(self) -> int:
         """Index of the member that is raft leader now."""
-        from hastandby.lifecycle.etcd_client import etcdrpc
+        from hastandby.election.etcd_client import etcdrpc
 
         for index, member in enumerate(self.members):
             if member.pid is None:
@@ -411,7 +411,7 @@ class EtcdCluster:
 
 
 def _settings(endpoints: Sequence[str], tls: EtcdTls | None, login: EtcdLogin | None) -> EtcdSettings:
-    from hastandby.lifecycle.etcd_client import EtcdSettings
+    from hastandby.election.etcd_client import EtcdSettings
 
     return EtcdSettings(
         tuple(endpoints),
@@ -424,7 +424,7 @@ def _settings(endpoints: Sequence[str], tls: EtcdTls | None, login: EtcdLogin | 
 
 
 def _client(endpoints: Sequence[str], tls: EtcdTls | None, login: EtcdLogin | None) -> EtcdClient:
-    from hastandby.lifecycle.etcd_client import EtcdClient
+    from hastandby.election.etcd_client import EtcdClient
 
     return EtcdClient(_settings(endpoints, tls, login), 5.0)
 
@@ -432,7 +432,7 @@ def _client(endpoints: Sequence[str], tls: EtcdTls | None, login: EtcdLogin | No
 def _enable_auth(endpoints: Sequence[str], tls: EtcdTls | None, directory: Path, user: str,
                  password: str | None) -> tuple[EtcdLogin, EtcdLogin]:
     """Add ``root`` (role root) and ``user`` (a role that may read and write /hastandby/), enable auth."""
-    from hastandby.lifecycle.etcd_client import etcdrpc, increment_last_byte
+    from hastandby.election.etcd_client import etcdrpc, increment_last_byte
 
     auth_pb2 = importlib.import_module("etcd3.etcdrpc.auth_pb2")  # after etcd_client: protobuf's runtime
 

@@ -1,7 +1,7 @@
 """etcd in memory, for unit tests of the election: ``FakeCluster`` and ``FakeCoordinator``.
 
 After Patroni's ``dcs/``: the node loop programs against ``Coordinator``
-(``hastandby/lifecycle/coordinator.py``); ``EtcdCoordinator`` is the real one,
+(``hastandby/election/coordinator.py``); ``EtcdCoordinator`` is the real one,
 ``FakeCoordinator`` a second one with the same semantics on a ``FakeCluster``
 that several coordinators (nodes) share.  No I/O, no threads, no real time.
 
@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hastandby.lifecycle.cluster import (
+from hastandby.election.cluster import (
     ClusterKeys,
     ClusterSnapshot,
     Leader,
@@ -58,7 +58,7 @@ from hastandby.lifecycle.cluster import (
     encode_member,
     encode_sync,
 )
-from hastandby.lifecycle.coordinator import (
+from hastandby.election.coordinator import (
     LEASE_MARGIN,
     LEASE_TTL,
     Coordinator,

@@ -1,6 +1,6 @@
 """A HA node without a broker, for driving ``ElectionLoop`` by hand: ``FakeHaNode``.
 
-It is what ``HaNode`` (``hastandby/lifecycle/ha_node.py``) is to the election
+It is what ``HaNode`` (``hastandby/ha/node.py``) is to the election
 loop, and nothing more: an ``ElectedNode`` whose ``fire`` keeps a real
 ``NodeStatus`` through ``states.next_status`` and performs the transition's
 actions with ``effects.perform`` (it is the ``RoleEffects``), recording each.
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hastandby.lifecycle.cluster import Leader, Store
+from hastandby.election.cluster import Leader, Store
 from hastandby.lifecycle.effects import RoleEffects, perform
-from hastandby.lifecycle.election import ElectedNode, ElectionLoop
+from hastandby.election.loop import ElectedNode, ElectionLoop
 from hastandby.lifecycle.states import (
     Action,
     Event,

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from .nodes import REPO
+from hastandby.testing.nodes import REPO
 
 _IP_TIMEOUT = 10.0
 NOWHERE = "02:de:ad:00:00:01"  # a locally administered MAC no host on the bridge has

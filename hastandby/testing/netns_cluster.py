@@ -36,15 +36,15 @@ from pathlib import Path
 from typing import Any
 
 from hastandby.client import Login, ManagementClient, ManagementError
-from hastandby.lifecycle.cluster import ClusterKeys, Member, decode_member, decode_sync
+from hastandby.election.cluster import ClusterKeys, Member, decode_member, decode_sync
 
-from . import auth as _auth
-from .disks import Ext4Loop, flip
-from .etcd import EtcdServer
-from .netns import Host, Network
-from .paths import repo
-from .processes import Service, python_env
-from .status_poller import StatusPoller
+from hastandby.testing import auth as _auth
+from hastandby.testing.disks import Ext4Loop, flip
+from hastandby.testing.etcd import EtcdServer
+from hastandby.testing.netns import Host, Network
+from hastandby.testing.paths import repo
+from hastandby.testing.processes import Service, python_env
+from hastandby.testing.status_poller import StatusPoller
 
 NODE_PORT = 5672  # every node has a namespace, hence an address, of its own
 VIRTUAL_IP_HOST = 100  # a virtual IP is 10.78.N.100 (hosts are .10 and up)
@@ -57,8 +57,8 @@ POLL = 0.05
 DISK_MEGABYTES = 96  # each node's ext4 file system when the nodes have disks of their own (NodeDisks)
 ROT_BYTES = 3  # bytes a `rot` inverts
 ROT_POSITIONS = ("middle", "tail", "header", "checkpoint")
-JOURNAL = "journal"  # in the data dir (hastandby/broker/journal.py)
-CHECKPOINT = "journal.synced"  # hastandby/broker/journal_files.py
+JOURNAL = "journal"  # in the data dir (hastandby/broker/store/journal.py)
+CHECKPOINT = "journal.synced"  # hastandby/broker/store/journal_files.py
 QUARANTINED = "journal.quarantined-"
 
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .netns import Host
-from .numbered_client import HEARTBEAT, HistoryWriter, NumberedReceiver
-from .numbered_client import drain as drain_queue
-from .processes import JsonLinesProcess, python_env
+from hastandby.testing.netns import Host
+from hastandby.testing.numbered_client import HEARTBEAT, HistoryWriter, NumberedReceiver
+from hastandby.testing.numbered_client import drain as drain_queue
+from hastandby.testing.processes import JsonLinesProcess, python_env
 
 PRODUCER_RATE = 25.0  # messages/s per background producer
 PRODUCERS = ("p1", "p2", "p3")

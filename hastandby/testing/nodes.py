@@ -23,9 +23,9 @@ from typing import Any, Iterable
 
 from hastandby.client import ManagementClient, ManagementError
 
-from . import auth
-from .paths import repo
-from .processes import free_port
+from hastandby.testing import auth
+from hastandby.testing.paths import repo
+from hastandby.testing.processes import free_port
 
 REPO = repo()  # the checkout's root: the nodes' cwd, and where tests find scripts/ and docs/
 

@@ -24,7 +24,7 @@ import psutil
 from proton import ProtonException
 from proton.utils import BlockingConnection
 
-from .paths import repo
+from hastandby.testing.paths import repo
 
 LOOPBACK = "127.0.0.1"
 

@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .nodes import free_port
+from hastandby.testing.nodes import free_port
 
 PROMETHEUS_BINARY_ENV = "HASTANDBY_PROMETHEUS"
 SCRAPE_INTERVAL = "1s"

@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from .paths import repo
+from hastandby.testing.paths import repo
 
 
 def host_info() -> dict[str, Any]:

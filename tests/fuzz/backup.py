@@ -63,7 +63,7 @@ from hastandby.replication.codec import (
     decode_batch,
     encode_batch,
 )
-from hastandby.browser.protocol import LINEAGE_PROPERTY, WIRING_ADDRESS
+from hastandby.ha.protocol import LINEAGE_PROPERTY, WIRING_ADDRESS
 
 from . import features, mutate, values
 from .base import CHECK_TIMEOUT, REFERENCE_MESSAGES, CaseRecord, Kind

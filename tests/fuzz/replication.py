@@ -34,10 +34,10 @@ from typing import Any
 
 from proton import Delivery, Endpoint, Message, Terminus, ulong
 
-from hastandby.broker.idset import IdSet
+from hastandby.broker.queues.idset import IdSet
 from hastandby.broker.vocabulary import ADMIN_PROPERTY
 from hastandby.replication.codec import BACKUP_PROPERTY, IDS_PROPERTY
-from hastandby.browser.protocol import (
+from hastandby.ha.protocol import (
     LINEAGE_PROPERTY,
     REPLICATE_PROPERTY,
     STATUS_ADDRESS,

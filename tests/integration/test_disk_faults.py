@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from hastandby.broker import journal_files
+from hastandby.broker.store import journal_files
 from hastandby.client import ManagementClient
 from hastandby.testing.bodies import body, check_every_body, drain_bodies, send_bodies
 from hastandby.testing.disks import Ext4Loop, Tmpfs, flip

@@ -1,7 +1,7 @@
 """Durable messages on disk (docs/durability.md), with real nodes, a real etcd and real clients.
 
 Each test kills real node processes with SIGKILL and restarts them on the
-same ``--data-dir``: the journal (hastandby/broker/journal.py) must give back
+same ``--data-dir``: the journal (hastandby/broker/store/journal.py) must give back
 every acknowledged durable message, a restarted backup must catch up by
 sending only what changed, a torn journal tail must cost only the torn
 record, and a full disk must refuse durable messages with
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from hastandby.testing.numbered_client import NumberedSender, drain
-from hastandby.broker import journal_format as jf
+from hastandby.broker.store import journal_format as jf
 from hastandby.client import ManagementClient
 from hastandby.testing.bodies import check_every_body, drain_bodies, send_bodies
 from hastandby.testing.disks import Tmpfs

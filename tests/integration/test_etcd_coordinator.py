@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from hastandby.lifecycle.cluster import ClusterKeys
-from hastandby.lifecycle.coordinator import CoordinatorEvent
-from hastandby.lifecycle.etcd_coordinator import EtcdCoordinator
-from hastandby.lifecycle.decide import Campaign, decide
+from hastandby.election.cluster import ClusterKeys
+from hastandby.election.coordinator import CoordinatorEvent
+from hastandby.election.etcd_coordinator import EtcdCoordinator
+from hastandby.election.decide import Campaign, decide
 from hastandby.lifecycle.states import NodeStatus, State, next_status
 from hastandby.testing.etcd import EtcdServer
 

@@ -30,9 +30,9 @@ from click.testing import CliRunner
 from hastandby.cli import main as cli
 from hastandby.client import Login, ManagementClient, ManagementError
 from hastandby.dr.config import EtcdStore, ReplicationConfig
-from hastandby.lifecycle.coordinator import CoordinatorError, CoordinatorEvent, CoordinatorUnavailable
-from hastandby.lifecycle.etcd_client import EtcdClient, EtcdError, EtcdSettings, etcdrpc
-from hastandby.lifecycle.etcd_coordinator import EtcdCoordinator
+from hastandby.election.coordinator import CoordinatorError, CoordinatorEvent, CoordinatorUnavailable
+from hastandby.election.etcd_client import EtcdClient, EtcdError, EtcdSettings, etcdrpc
+from hastandby.election.etcd_coordinator import EtcdCoordinator
 from hastandby.lifecycle.states import NodeStatus, State
 from hastandby.testing import auth
 from hastandby.testing.certs import Pki, make_pki

@@ -57,7 +57,7 @@ from hastandby.replication.codec import (
     MESSAGE_IDS_TAG,
     encode_batch,
 )
-from hastandby.browser.protocol import (
+from hastandby.ha.protocol import (
     LINEAGE_PROPERTY,
     REPLICATE_PROPERTY,
     STATUS_ADDRESS,
@@ -224,7 +224,7 @@ def test_connection_property_with_a_binary_key(standalone: FuzzNode) -> None:
     """Connection properties whose map has a binary key (legal AMQP): proton's Python binding decodes
     it as a memoryview and cannot put it in a dict, so reading ``remote_properties`` raises
     ValueError ('cannot hash writable memoryview object'), today in dr/source.py:replica_info on
-    every attach (and in lifecycle/ha_node.py:_is_admin at open on a cluster node)."""
+    every attach (and in ha/node.py:_is_admin at open on a cluster node)."""
     frames = [amqp.AMQP_HEADER, amqp.open_(properties={b"key": "value"}), amqp.begin(),
               amqp.attach("fz-sender", 0, amqp.SENDER, FUZZ_QUEUE), amqp.Wait(amqp.ATTACH), amqp.close()]
     _after_login(standalone, serialise(frames))
@@ -297,7 +297,7 @@ def test_empty_delivery_on_the_dr_ack_link(standalone: FuzzNode) -> None:
 
 def test_receiver_link_properties_that_are_not_a_map(primary: FuzzNode) -> None:
     """Any client (here ``app``) attaching a receiver to a cluster primary with link properties that
-    are a string: today AttributeError in browser/primary.py:attach (``properties.get``), and the
+    are a string: today AttributeError in ha/primary.py:attach (``properties.get``), and the
     link closed with amqp:internal-error."""
     engine = Engine.connect(primary.host, primary.port, "app", primary.users.passwords["app"])
     try:
@@ -316,7 +316,7 @@ def test_receiver_link_properties_that_are_not_a_map(primary: FuzzNode) -> None:
 @pytest.mark.parametrize("term", ["x", [1]])
 def test_browser_term_that_is_not_a_number(primary: FuzzNode, term: Any) -> None:
     """A backup's replicating browser with ``qpid.ha-term`` of ``"x"`` or ``[1]``: today ValueError or
-    TypeError from ``int(...)`` in browser/primary.py:_attach_browser, logged as ``link error``."""
+    TypeError from ``int(...)`` in ha/primary.py:_attach_browser, logged as ``link error``."""
     engine = _fake_backup(primary)
     try:
         session = engine.connection.session()
@@ -356,7 +356,7 @@ def test_status_message_map_with_a_binary_key(primary: FuzzNode) -> None:
 
 def test_hello_term_that_is_not_a_number(backup: Backup) -> None:
     """A primary's hello with ``"term": "x"``: today ValueError from ``int(body.get("term"))`` in
-    browser/backup.py:wiring_message, logged as ``link endpoint failed``."""
+    ha/backup.py:wiring_message, logged as ``link endpoint failed``."""
     _to_backup(backup, [{"type": "hello", "primary": {"node_id": "fz-primary", "url": backup.fake.address},
                          "term": "x", "replicate_default": "all", "members": []}])
     _assert_clean(backup.node)
@@ -364,14 +364,14 @@ def test_hello_term_that_is_not_a_number(backup: Backup) -> None:
 
 def test_members_entry_that_is_not_a_map(backup: Backup) -> None:
     """A ``members`` update listing a string among the members: today AttributeError (``m.get``) in
-    lifecycle/ha_node.py:_members, logged as ``link endpoint failed``."""
+    ha/node.py:_members, logged as ``link endpoint failed``."""
     hello = _hello(backup)
     _to_backup(backup, [hello, {"type": "members", "term": hello["term"], "members": ["not a map"]}])
     _assert_clean(backup.node)
 
 
 def test_members_that_are_not_a_list(backup: Backup) -> None:
-    """A ``members`` update whose ``members`` is the number 5: lifecycle/ha_node.py ``_members`` stores it
+    """A ``members`` update whose ``members`` is the number 5: ha/node.py ``_members`` stores it
     (``self.members = members``) before iterating it (TypeError, ``link endpoint failed``); from then on
     every QUERY of the node fails (``management request failed``: TypeError in ``_describe``) until the
     primary sends a members list again."""
@@ -390,7 +390,7 @@ def test_batch_with_an_empty_delivery_tag(backup: Backup) -> None:
 
 
 def test_hello_primary_that_is_not_a_map(backup: Backup) -> None:
-    """A NODE CRASH.  A hello whose ``primary`` is the number 5: browser/backup.py keeps it
+    """A NODE CRASH.  A hello whose ``primary`` is the number 5: ha/backup.py keeps it
     (``self.primary = body.get("primary") or {}``); when that connection closes, ``lost()`` calls
     ``(self.primary or {}).get("url")``: AttributeError in an outgoing connection's handler, which the
     driver's safety net (driver.py ``_dispatch`` -> ``_contain``) should contain.  But ``_contain`` calls

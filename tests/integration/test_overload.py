@@ -16,7 +16,7 @@ from proton.handlers import MessagingHandler
 from proton.reactor import Container
 from proton.utils import BlockingConnection, LinkDetached
 
-from hastandby.broker.backlog import UNSETTLED_LIMIT, UNWRITTEN_LIMIT
+from hastandby.broker.admission.backlog import UNSETTLED_LIMIT, UNWRITTEN_LIMIT
 from hastandby.client import ManagementClient, ManagementError
 from hastandby.testing import auth
 from hastandby.testing.clients import connect
@@ -26,7 +26,7 @@ from hastandby.testing.waiting import wait_for
 MiB = 1 << 20
 WATERMARK = 160 * MiB
 # Above the watermark: one producer link's window (1000 x 10 KB), what a draining connection may hold in
-# flight (broker/backlog.py: a consumer granting all its credit at once reaches these), and 24 MiB for what
+# flight (broker/admission/backlog.py: a consumer granting all its credit at once reaches these), and 24 MiB for what
 # arrives between two 0.1 s samples and malloc's free pages not yet given back.
 BODY = b"x" * 10_000
 SLACK = 1000 * len(BODY) + UNSETTLED_LIMIT + UNWRITTEN_LIMIT + 24 * MiB

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from hastandby.broker.authority import Authority
+from hastandby.broker.admission.authority import Authority
 from hastandby.security.acl import Acl, Policy
 from hastandby.security.credentials import Credentials
 from hastandby.security.sasl import Principal
-from hastandby.wiring import access
+from hastandby.ha import access_replica as access
 
 RULES = "allow @admin all\ndeny bob publish orders\nallow all all\n"
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from hastandby.broker.arrivals import ArrivalFeed, Arrivals
-from hastandby.broker.queue import Queue, QueueSettings
+from hastandby.broker.queues.arrivals import ArrivalFeed, Arrivals
+from hastandby.broker.queues.queue import Queue, QueueSettings
 
 
 def test_one_feed_samples_for_every_follower_and_each_drops_what_it_is_done_with() -> None:

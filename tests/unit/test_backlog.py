@@ -1,6 +1,6 @@
 """A connection's backlog pauses its consumers past a limit and resumes them once under half of both."""
 
-from hastandby.broker.backlog import UNSETTLED_LIMIT, UNWRITTEN_LIMIT, Backlog
+from hastandby.broker.admission.backlog import UNSETTLED_LIMIT, UNWRITTEN_LIMIT, Backlog
 
 
 class Link:

@@ -1,6 +1,6 @@
 """A producer's acknowledgement waits for every holder; its creator may finish it itself when nobody holds it."""
 
-from hastandby.broker.completion import Completion
+from hastandby.broker.queues.completion import Completion
 
 
 def test_a_countdown_nobody_else_holds_is_finished_by_its_creator_without_the_callback():

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from proton import Message, symbol
 
-from hastandby.broker.idset import IdSet
-from hastandby.broker.lineage import Epoch
-from hastandby.broker.values import plain
+from hastandby.broker.queues.idset import IdSet
+from hastandby.broker.queues.lineage import Epoch
+from hastandby.broker.message.values import plain
 from hastandby.dr.protocol import (
     ACK_PROPERTY,
     EPOCH_PROPERTY,

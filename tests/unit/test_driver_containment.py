@@ -2,7 +2,7 @@
 
 from types import SimpleNamespace
 
-from hastandby.broker.driver import Driver
+from hastandby.broker.transport.driver import Driver
 
 
 def test_containing_a_handler_error_logs_and_returns():

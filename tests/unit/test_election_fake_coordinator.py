@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from hastandby.lifecycle.cluster import Leader, SyncSet
-from hastandby.lifecycle.coordinator import CoordinatorEvent, CoordinatorUnavailable
-from hastandby.lifecycle.election import ElectionLoop
+from hastandby.election.cluster import Leader, SyncSet
+from hastandby.election.coordinator import CoordinatorEvent, CoordinatorUnavailable
+from hastandby.election.loop import ElectionLoop
 from hastandby.lifecycle.states import (
     BACKUP,
     CONNECTING,

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from proton import Message
 
-from hastandby.broker.completion import Completion
-from hastandby.broker.queue import Queue, QueueSettings
-from hastandby.broker.sections import HEADER_PREFIX
+from hastandby.broker.queues.completion import Completion
+from hastandby.broker.queues.queue import Queue, QueueSettings
+from hastandby.broker.message.sections import HEADER_PREFIX
 
 PLAIN = HEADER_PREFIX + b"\x45" + b"\x00\x53\x75\xa0\x01x"  # the C clients': empty header, a data section
 

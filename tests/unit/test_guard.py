@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from hastandby.broker.completion import Completion
-from hastandby.broker.queue import Queue, QueueSettings
+from hastandby.broker.queues.completion import Completion
+from hastandby.broker.queues.queue import Queue, QueueSettings
 from hastandby.replication.guard import QueueGuard
 
 
@@ -133,7 +133,7 @@ def test_guard_attached_while_a_message_is_being_enqueued_does_not_hold_it():
 
 
 def test_skip_all_releases_exactly_the_held_messages_in_the_set():
-    from hastandby.broker.idset import IdSet
+    from hastandby.broker.queues.idset import IdSet
 
     # Fewer ids than held messages (walks the ids, one of them not held), and a million (walks the held).
     for pick, extra in (("bc", [100]), ("ae", list(range(100, 1_000_000)))):

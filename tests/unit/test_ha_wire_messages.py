@@ -1,4 +1,4 @@
-"""The HA messages built from their types (browser/protocol.py ``to_wire``) are the maps, and the bytes, that
+"""The HA messages built from their types (ha/protocol.py ``to_wire``) are the maps, and the bytes, that
 were built by hand before: hello, members update, a backup's status, a replicating browser's attach and its
 reply.  Member states are ``State`` inside the node and Qpid's names on the wire only."""
 
@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 from proton import Data, symbol
 
-from hastandby.broker import lineage
-from hastandby.broker.driver import Driver
-from hastandby.broker.idset import IdSet
-from hastandby.broker.lineage import Epoch
-from hastandby.broker.registry import Registry
-from hastandby.browser.primary import PrimaryReplication, RemoteBackup
-from hastandby.browser.protocol import (
+from hastandby.broker.queues import lineage
+from hastandby.broker.transport.driver import Driver
+from hastandby.broker.queues.idset import IdSet
+from hastandby.broker.queues.lineage import Epoch
+from hastandby.broker.queues.registry import Registry
+from hastandby.ha.primary import PrimaryReplication, RemoteBackup
+from hastandby.ha.protocol import (
     MEMBER_STATES,
     BackupIdentity,
     BackupStatus,
@@ -32,7 +32,7 @@ from hastandby.browser.protocol import (
 from hastandby.lifecycle.states import State
 from hastandby.replication.codec import IDS_PROPERTY, decode_control, encode_control
 
-# The keys as browser/protocol.py spelled them before the types built the maps.
+# The keys as ha/protocol.py spelled them before the types built the maps.
 REPLICATE_PROPERTY = symbol("qpid.ha-replicate")
 TERM_PROPERTY = symbol("qpid.ha-term")
 LINEAGE_PROPERTY = symbol("qpid.ha-lineage")

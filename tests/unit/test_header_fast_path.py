@@ -5,7 +5,7 @@ import itertools
 import pytest
 from proton import Data, Described, Message, ubyte, uint, ulong
 
-from hastandby.broker import sections
+from hastandby.broker.message import sections
 
 
 def decoded(buf: bytes) -> tuple[bool, int | None]:

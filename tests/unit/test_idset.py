@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from hastandby.broker.idset import IdSet
+from hastandby.broker.queues.idset import IdSet
 
 
 def random_ids(rng: random.Random, universe: int) -> set[int]:

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from proton import Message
 
-from hastandby.broker.completion import Completion
+from hastandby.broker.queues.completion import Completion
 from hastandby.broker.errors import ResourceLimitExceeded
-from hastandby.broker.journal import Journal
-from hastandby.broker.lineage import Epoch
-from hastandby.broker.registry import Registry
+from hastandby.broker.store.journal import Journal
+from hastandby.broker.queues.lineage import Epoch
+from hastandby.broker.queues.registry import Registry
 
 UUID = "6f8c1a52-0000-4000-8000-000000000001"
 OTHER_UUID = "6f8c1a52-0000-4000-8000-000000000002"
@@ -138,7 +138,7 @@ def crash(journal: Journal) -> None:
 
 
 def test_a_torn_tail_is_cut_off_and_the_rest_recovered(tmp_path, monkeypatch):
-    monkeypatch.setattr("hastandby.broker.journal.CHECKPOINT_INTERVAL", 3600.0)  # the last write not checkpointed
+    monkeypatch.setattr("hastandby.broker.store.journal.CHECKPOINT_INTERVAL", 3600.0)  # the last write not checkpointed
     registry, journal, loop = node(tmp_path)
     for body in ("a", "b", "c"):  # a pass each: a record each (one pass's messages share a record)
         outcome = produce(registry, "orders", body)
@@ -153,7 +153,7 @@ def test_a_torn_tail_is_cut_off_and_the_rest_recovered(tmp_path, monkeypatch):
 
 
 def test_compaction_keeps_the_live_messages_and_what_comes_after(tmp_path, monkeypatch):
-    monkeypatch.setattr("hastandby.broker.journal.COMPACT_MIN", 2000)
+    monkeypatch.setattr("hastandby.broker.store.journal.COMPACT_MIN", 2000)
     registry, journal, loop = node(tmp_path)
     for index in range(60):
         produce(registry, "orders", f"m{index}")
@@ -171,7 +171,7 @@ def test_compaction_keeps_the_live_messages_and_what_comes_after(tmp_path, monke
 
 
 def test_a_start_appends_to_a_file_near_its_live_data_and_compacts_one_past_the_rule(tmp_path, monkeypatch):
-    monkeypatch.setattr("hastandby.broker.journal.COMPACT_MIN", 1 << 30)  # no compaction until the last start
+    monkeypatch.setattr("hastandby.broker.store.journal.COMPACT_MIN", 1 << 30)  # no compaction until the last start
     registry, journal, loop = node(tmp_path)
     outcomes = [produce(registry, "orders", f"m{index}") for index in range(10)]
     loop.settle(until=lambda: all(outcomes))
@@ -192,7 +192,7 @@ def test_a_start_appends_to_a_file_near_its_live_data_and_compacts_one_past_the_
     assert bodies(third, "invoices") == [(1, "i1")]
     journal_third.close()
     size = path.stat().st_size
-    monkeypatch.setattr("hastandby.broker.journal.COMPACT_MIN", 2000)
+    monkeypatch.setattr("hastandby.broker.store.journal.COMPACT_MIN", 2000)
     assert size > 2000, "the test needs a file past COMPACT_MIN"
     fourth, journal_fourth, _ = node(tmp_path, also=("invoices", OTHER_UUID))
     assert path.stat().st_size < size // 3, "past the rule: rewritten with the live messages only"
@@ -249,8 +249,8 @@ def test_ttls_come_back_from_their_records_after_a_restart_and_a_compaction(tmp_
     again, journal_again, _ = node(tmp_path)
     assert remaining(again) == {1: 60, 3: 30}, "each ttl counts again from the restart"
     journal_again.close()
-    monkeypatch.setattr("hastandby.broker.journal.COMPACT_MIN", 0)
-    monkeypatch.setattr("hastandby.broker.journal.COMPACT_FACTOR", 0)  # every start rewrites the file
+    monkeypatch.setattr("hastandby.broker.store.journal.COMPACT_MIN", 0)
+    monkeypatch.setattr("hastandby.broker.store.journal.COMPACT_FACTOR", 0)  # every start rewrites the file
     third, journal_third, _ = node(tmp_path)
     journal_third.close()
     fourth, journal_fourth, _ = node(tmp_path)
@@ -260,7 +260,7 @@ def test_ttls_come_back_from_their_records_after_a_restart_and_a_compaction(tmp_
 
 
 def test_an_earlier_writers_runs_get_their_ttls_from_the_headers(tmp_path):
-    from hastandby.broker import journal_format as jf
+    from hastandby.broker.store import journal_format as jf
 
     payloads = [bytes(Message(body="a", durable=True, ttl=45.0).encode()), encoded("b", True)]
     (tmp_path / "journal").write_bytes(

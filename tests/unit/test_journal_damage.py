@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from hastandby.broker import journal_files as files
-from hastandby.broker import journal_format as jf
-from hastandby.broker.journal import Journal
-from hastandby.broker.registry import Registry
+from hastandby.broker.store import journal_files as files
+from hastandby.broker.store import journal_format as jf
+from hastandby.broker.store.journal import Journal
+from hastandby.broker.queues.registry import Registry
 
 from .test_journal import bodies, crash, node, produce
 
@@ -98,7 +98,7 @@ def test_a_clean_stop_is_reported_from_the_checkpoint_even_with_damage_in_the_fi
 
 
 def test_damage_to_the_last_records_after_a_crash_is_damage_below_the_checkpoint(tmp_path, monkeypatch):
-    monkeypatch.setattr("hastandby.broker.journal.CHECKPOINT_INTERVAL", 0.0)  # every fsync checkpointed
+    monkeypatch.setattr("hastandby.broker.store.journal.CHECKPOINT_INTERVAL", 0.0)  # every fsync checkpointed
     _, journal = fill(tmp_path, 5)
     crash(journal)
     path = tmp_path / "journal"
@@ -112,7 +112,7 @@ def test_damage_to_the_last_records_after_a_crash_is_damage_below_the_checkpoint
 
 
 def test_a_torn_write_past_the_checkpoint_is_cut_and_is_not_damage(tmp_path, monkeypatch):
-    monkeypatch.setattr("hastandby.broker.journal.CHECKPOINT_INTERVAL", 3600.0)  # only the start's checkpoint
+    monkeypatch.setattr("hastandby.broker.store.journal.CHECKPOINT_INTERVAL", 3600.0)  # only the start's checkpoint
     _, journal = fill(tmp_path, 5)
     crash(journal)
     path = tmp_path / "journal"
@@ -191,7 +191,7 @@ def test_rot_in_the_last_record_right_after_a_crash_is_damage_though_no_checkpoi
     """The nemesis' find (schedule damaged-tail-sync-member-first): kill -9 less than a second after the last
     acknowledged write, then rot in it.  Its bytes are all there, so a crash did not tear it: damage, and
     the node lacks data (it would otherwise start the cluster and the others drop their copies of it)."""
-    monkeypatch.setattr("hastandby.broker.journal.CHECKPOINT_INTERVAL", 3600.0)  # only the start's checkpoint
+    monkeypatch.setattr("hastandby.broker.store.journal.CHECKPOINT_INTERVAL", 3600.0)  # only the start's checkpoint
     _, journal = fill(tmp_path, 5)
     crash(journal)
     path = tmp_path / "journal"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hastandby.broker import journal_format as jf
+from hastandby.broker.store import journal_format as jf
 
 
 def records() -> bytes:

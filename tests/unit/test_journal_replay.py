@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from hastandby.broker.journal_replay import QueueReplay
+from hastandby.broker.store.journal_replay import QueueReplay
 
 
 def model(records):

@@ -1,10 +1,12 @@
-"""The package's layers, read from its imports: who may import whom.
+"""The package's layers, read from its imports: who may import whom, and no import loop anywhere.
 
-``broker/`` is the message broker and knows nothing of replication;
-``replication/`` is what hot standby and DR share; ``browser/`` (hot standby)
-and ``dr/`` build on it and never on each other; only the driver and the
-links module talk to the proton C binding (``cproton``), so a proton upgrade
-that changes it is fixed in two files.
+Every module of ``hastandby/`` belongs to one layer of ``LAYERS`` (lowest
+first) and imports only its own layer and those below, so the folder names
+and docs/architecture.md's chart say the same thing.  ``ha/`` (hot standby)
+and ``dr/`` share a layer and never import each other; both build on
+``replication/``.  Inside ``broker/`` the sub-packages are layered the same
+way.  Only the driver and the links module talk to the proton C binding
+(``cproton``), so a proton upgrade that changes it is fixed in two files.
 """
 
 from __future__ import annotations
@@ -16,10 +18,54 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hastandby"
 
+# Lowest first: a module may import modules of its own layer and of the layers before it.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("foundation", ("hastandby", "hastandby.files", "hastandby.logs", "hastandby.connect_timeout",
+                    "hastandby.settings")),
+    ("security", ("hastandby.security",)),
+    ("broker", ("hastandby.broker",)),
+    ("client", ("hastandby.client", "hastandby.verify")),
+    ("replication", ("hastandby.replication",)),
+    ("node", ("hastandby.node", "hastandby.access")),
+    ("lifecycle", ("hastandby.lifecycle",)),
+    ("election", ("hastandby.election",)),
+    ("host", ("hastandby.host",)),
+    ("ha and dr", ("hastandby.ha", "hastandby.dr")),
+    ("process", ("hastandby.cli", "hastandby.metrics", "hastandby.local_cluster", "hastandby.local_processes",
+                 "hastandby.__main__")),
+    ("harness", ("hastandby.testing",)),
+]
+
+# The same inside broker/, lowest first.
+BROKER_LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("words", ("hastandby.broker", "hastandby.broker.errors", "hastandby.broker.vocabulary")),
+    ("message", ("hastandby.broker.message",)),
+    ("queues", ("hastandby.broker.queues",)),
+    ("store", ("hastandby.broker.store",)),
+    ("admission", ("hastandby.broker.admission",)),
+    ("transport", ("hastandby.broker.transport",)),
+    ("node", ("hastandby.broker.links", "hastandby.broker.management", "hastandby.broker.server")),
+]
+
+SIBLINGS = [("hastandby.ha", "hastandby.dr")]  # one layer, never importing each other
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _all_modules() -> dict[str, Path]:
+    return {_module_name(path): path for path in PACKAGE.rglob("*.py") if "__pycache__" not in path.parts}
+
+
+MODULES = _all_modules()
+
 
 def _imports(path: Path) -> set[str]:
-    """Every module ``path`` imports, relative imports resolved to absolute names."""
-    package = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
+    """Every module ``path`` imports (``from package import module`` names the module), relative ones resolved."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -30,45 +76,120 @@ def _imports(path: Path) -> set[str]:
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
-            found.add(module)
+            for alias in node.names:
+                found.add(f"{module}.{alias.name}" if f"{module}.{alias.name}" in MODULES else module)
     return found
 
 
-def _modules(subpackage: str) -> list[Path]:
-    return sorted((PACKAGE / subpackage).rglob("*.py"))
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
 
 
-@pytest.mark.parametrize(
-    "subpackage, forbidden",
-    [
-        ("broker", ("hastandby.replication", "hastandby.browser", "hastandby.dr", "hastandby.lifecycle")),
-        ("replication", ("hastandby.browser", "hastandby.dr", "hastandby.lifecycle")),
-        ("dr", ("hastandby.browser",)),
-        ("browser", ("hastandby.dr",)),
-    ],
-)
-def test_layer_imports_only_what_lies_below(subpackage: str, forbidden: tuple[str, ...]) -> None:
+def _rank(module: str, layers: list[tuple[str, tuple[str, ...]]]) -> int | None:
+    """The index of the layer ``module`` belongs to (the longest prefix wins), None if none names it."""
+    best: tuple[int, int] | None = None
+    for index, (_, prefixes) in enumerate(layers):
+        for prefix in prefixes:
+            if _within(module, prefix) and (best is None or len(prefix) > best[1]):
+                best = (index, len(prefix))
+    return None if best is None else best[0]
+
+
+def test_every_module_has_a_layer() -> None:
+    assert [m for m in sorted(MODULES) if _rank(m, LAYERS) is None] == []
+    broker = [m for m in sorted(MODULES) if _within(m, "hastandby.broker")]
+    assert [m for m in broker if _rank(m, BROKER_LAYERS) is None] == []
+
+
+@pytest.mark.parametrize("layers", [LAYERS, BROKER_LAYERS], ids=["package", "broker"])
+def test_each_layer_imports_only_itself_and_what_lies_below(layers: list[tuple[str, tuple[str, ...]]]) -> None:
+    scope = [m for m in MODULES if _rank(m, layers) is not None]
+    wrong = []
+    for module in sorted(scope):
+        mine = _rank(module, layers)
+        assert mine is not None
+        for imported in sorted(_imports(MODULES[module])):
+            if imported not in MODULES:
+                continue
+            theirs = _rank(imported, layers)
+            if theirs is not None and theirs > mine:
+                wrong.append(f"{module} ({layers[mine][0]}) imports {imported} ({layers[theirs][0]})")
+    assert wrong == []
+
+
+def test_hot_standby_and_dr_never_import_each_other() -> None:
     wrong = [
-        f"{path.relative_to(PACKAGE)} imports {module}"
-        for path in _modules(subpackage)
-        for module in _imports(path)
-        if module.startswith(forbidden)
+        f"{module} imports {imported}"
+        for a, b in SIBLINGS
+        for mine, other in ((a, b), (b, a))
+        for module in sorted(MODULES)
+        if _within(module, mine)
+        for imported in sorted(_imports(MODULES[module]))
+        if _within(imported, other)
     ]
     assert wrong == []
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_loop_finder_finds_loops() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
 def test_only_the_driver_and_links_use_the_c_binding() -> None:
     users = {
         str(path.relative_to(PACKAGE))
-        for path in PACKAGE.rglob("*.py")
+        for path in MODULES.values()
         if any(module == "cproton" or module.startswith("cproton.") for module in _imports(path))
     }
-    assert users == {"broker/driver.py", "broker/links.py"}
+    assert users == {"broker/transport/driver.py", "broker/links.py"}
 
 
-def test_relative_imports_resolve() -> None:
-    """The checks above read relative imports right: the replication package's own are seen as such."""
+def test_imports_resolve() -> None:
+    """The checks above read imports right: a package's module imported by name counts as that module."""
     assert "hastandby.replication.batching" in _imports(PACKAGE / "replication" / "subscription.py")
+    assert "hastandby.broker.queues.lineage" in _imports(PACKAGE / "ha" / "primary.py")
 
 
 # -- the harness: hastandby/testing, shared by tests/ and benchmarks/ -----------------------------------------------

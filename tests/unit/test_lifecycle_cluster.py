@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hastandby.lifecycle.cluster import (
+from hastandby.election.cluster import (
     ClusterKeys,
     ClusterSnapshot,
     Leader,

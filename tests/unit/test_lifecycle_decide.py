@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hastandby.lifecycle.cluster import ClusterSnapshot, Leader, Member, Store, SyncSet
-from hastandby.lifecycle.decide import (
+from hastandby.election.cluster import ClusterSnapshot, Leader, Member, Store, SyncSet
+from hastandby.election.decide import (
     Campaign,
     ClearHandover,
     FollowLeader,

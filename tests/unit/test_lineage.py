@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hastandby.broker.lineage import Epoch, divergence, epoch_of, extended, from_wire, to_wire
+from hastandby.broker.queues.lineage import Epoch, divergence, epoch_of, extended, from_wire, to_wire
 
 A5 = Epoch(5, "a", 1)
 
@@ -94,7 +94,7 @@ def test_terms_and_ids_that_do_not_fit_an_amqp_long_are_refused():
     """A lying primary's lineage with a term of 2**64 was adopted, then could not be encoded on the next attach."""
     import pytest
 
-    from hastandby.broker.lineage import from_wire
+    from hastandby.broker.queues.lineage import from_wire
 
     for wire in ([[2**63, "a", 1]], [[1, "a", 2**63]]):
         with pytest.raises(ValueError, match="below 2"):

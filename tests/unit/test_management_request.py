@@ -28,7 +28,7 @@ def test_a_ulong_argument_beyond_a_long_encodes_again_in_a_reply():
     # not be encoded (OverflowError), which closed the requester's link.
     from proton import ulong
 
-    from hastandby.broker.values import plain
+    from hastandby.broker.message.values import plain
 
     arguments = plain({"qpid.max_count": ulong(2**64 - 1), "nested": [ulong(5)]})
     assert arguments == {"qpid.max_count": 2**64 - 1, "nested": [5]}

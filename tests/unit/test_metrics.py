@@ -12,11 +12,11 @@ from typing import Any, Callable
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hastandby.broker.arrivals import Arrivals
-from hastandby.broker.completion import Completion
-from hastandby.broker.driver import Driver
-from hastandby.broker.registry import Registry
-from hastandby.browser.primary import PrimaryReplication
+from hastandby.broker.queues.arrivals import Arrivals
+from hastandby.broker.queues.completion import Completion
+from hastandby.broker.transport.driver import Driver
+from hastandby.broker.queues.registry import Registry
+from hastandby.ha.primary import PrimaryReplication
 from hastandby.metrics import NodeCollector, Snapshot, SnapshotSource, families
 
 # Shaped like a primary's Node.status() and Management.query() (HA and DR sections included).
@@ -233,7 +233,7 @@ def test_a_failing_snapshot_is_counted_not_raised():
     assert samples[("hastandby_snapshot_failures_total", ())] == 1
 
 
-# -- what the primary reports (browser/primary.py) ----------------------------------------------
+# -- what the primary reports (ha/primary.py) ----------------------------------------------
 
 
 def _primary(keeps_sync_set: bool = False, min_sync: int = 1) -> PrimaryReplication:

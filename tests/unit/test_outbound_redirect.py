@@ -14,8 +14,9 @@ import time
 
 import pytest
 
-from hastandby.broker.driver import Driver
-from hastandby.broker.outbound import Address, Outbound
+from hastandby.broker.transport.driver import Driver
+from hastandby.broker.transport.address import Address
+from hastandby.broker.transport.outbound import Outbound
 from hastandby.security.pipe import ClientSecurity
 
 

@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 from proton import Transport
 
-from hastandby.broker.fence import Fence
+from hastandby.broker.admission.fence import Fence
 from hastandby.broker.links import IncomingLink
-from hastandby.broker.memory import MemoryAlarm
+from hastandby.broker.admission.memory import MemoryAlarm
 from tests.unit.test_take_deliveries import Pair, deliveries, send
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hastandby.broker.completion import Completion
+from hastandby.broker.queues.completion import Completion
 from hastandby.broker.errors import ResourceLimitExceeded
-from hastandby.broker.queue import Queue, QueueSettings
+from hastandby.broker.queues.queue import Queue, QueueSettings
 
 
 class FakeConsumer:

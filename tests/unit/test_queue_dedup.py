@@ -9,13 +9,13 @@ import uuid
 import pytest
 from proton import Message, symbol, ulong
 
-from hastandby.broker import journal_format as jf
-from hastandby.broker import sections
+from hastandby.broker.store import journal_format as jf
+from hastandby.broker.message import sections
 from hastandby.broker.errors import InvalidArgument
-from hastandby.broker.journal_replay import QueueReplay
-from hastandby.broker.queue import Queue
-from hastandby.broker.queue_kinds import DedupQueue, PriorityQueue, queue_class
-from hastandby.broker.registry import Registry, queue_settings
+from hastandby.broker.store.journal_replay import QueueReplay
+from hastandby.broker.queues.queue import Queue
+from hastandby.broker.queues.queue_kinds import DedupQueue, PriorityQueue, queue_class
+from hastandby.broker.queues.registry import Registry, queue_settings
 from hastandby.replication.codec import ProtocolError, decode_message_ids, encode_message_ids
 
 from tests.unit.test_queue import FakeConsumer

@@ -1,4 +1,4 @@
-"""Message groups (qpid.group_header_key, qpid.shared_msg_group: broker/queue_kinds.py), without any I/O.
+"""Message groups (qpid.group_header_key, qpid.shared_msg_group: broker/queues/queue_kinds.py), without any I/O.
 
 A fake consumer stands in for a link: the ownership rules (a group's messages
 to one consumer at a time, until it has settled all it holds), a detach, the
@@ -13,9 +13,9 @@ import pytest
 from proton import Message
 
 from hastandby.broker.errors import InvalidArgument
-from hastandby.broker.queue import Queue
-from hastandby.broker.queue_kinds import MessageGroupQueue, queue_class
-from hastandby.broker.registry import Registry, queue_settings
+from hastandby.broker.queues.queue import Queue
+from hastandby.broker.queues.queue_kinds import MessageGroupQueue, queue_class
+from hastandby.broker.queues.registry import Registry, queue_settings
 
 
 class FakeConsumer:

@@ -1,4 +1,4 @@
-"""Priorities, delivery limits and single active consumers (broker/queue_kinds.py), without any I/O.
+"""Priorities, delivery limits and single active consumers (broker/queues/queue_kinds.py), without any I/O.
 
 A fake consumer stands in for a link; the same queues are built the way a
 primary fills them, a backup fills them (replicated ids, some out of order)
@@ -13,19 +13,19 @@ import random
 import pytest
 from proton import Message, symbol
 
-from hastandby.broker import journal_format as jf
-from hastandby.broker import sections
+from hastandby.broker.store import journal_format as jf
+from hastandby.broker.message import sections
 from hastandby.broker.errors import InvalidArgument
-from hastandby.broker.journal_replay import QueueReplay
-from hastandby.broker.queue import Queue, QueueSettings
-from hastandby.broker.queue_kinds import (
+from hastandby.broker.store.journal_replay import QueueReplay
+from hastandby.broker.queues.queue import Queue, QueueSettings
+from hastandby.broker.queues.queue_kinds import (
     DeliveryLimitQueue,
     PriorityQueue,
     SingleActiveConsumerQueue,
     priority_levels,
     queue_class,
 )
-from hastandby.broker.registry import Registry, queue_settings
+from hastandby.broker.queues.registry import Registry, queue_settings
 from hastandby.replication.codec import ProtocolError, decode_counts, encode_counts
 from tests.unit.test_queue import FakeConsumer
 

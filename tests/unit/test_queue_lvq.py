@@ -9,11 +9,11 @@ import uuid
 import pytest
 from proton import Message, char, symbol, timestamp, ubyte, uint, ulong
 
-from hastandby.broker import sections
+from hastandby.broker.message import sections
 from hastandby.broker.errors import InvalidArgument
-from hastandby.broker.queue import Queue
-from hastandby.broker.queue_kinds import LastValueQueue, queue_class
-from hastandby.broker.registry import Registry, queue_settings
+from hastandby.broker.queues.queue import Queue
+from hastandby.broker.queues.queue_kinds import LastValueQueue, queue_class
+from hastandby.broker.queues.registry import Registry, queue_settings
 
 from tests.unit.test_queue import FakeConsumer
 

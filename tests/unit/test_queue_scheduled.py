@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 from proton import Message, symbol
 
-from hastandby.broker import scheduled, sections
-from hastandby.broker.completion import Completion
+from hastandby.broker.queues import scheduled
+from hastandby.broker.message import sections
+from hastandby.broker.queues.completion import Completion
 from hastandby.broker.errors import BrokerError
-from hastandby.broker.queue import Queue, QueueSettings
-from hastandby.broker.registry import Registry
+from hastandby.broker.queues.queue import Queue, QueueSettings
+from hastandby.broker.queues.registry import Registry
 
 from .test_journal import Loop, _journal
 from .test_queue import FakeConsumer

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from hastandby.lifecycle import role_hooks
-from hastandby.lifecycle.role_hooks import OrderedWorker, RoleCommand, RoleCommandError, parse_command, role_name
+from hastandby.host import role_hooks
+from hastandby.host.role_hooks import OrderedWorker, RoleCommand, RoleCommandError, parse_command, role_name
 from hastandby.lifecycle.states import Detail, NodeStatus, State
-from hastandby.lifecycle.virtual_ip import (
+from hastandby.host.virtual_ip import (
     CAP_NET_ADMIN,
     CAP_NET_RAW,
     Capabilities,

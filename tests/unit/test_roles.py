@@ -1,4 +1,4 @@
-"""The role objects (lifecycle/roles.py): ``BackupRole`` and ``PrimaryRole``, swapped by the table's actions.
+"""The role objects (ha/roles.py): ``BackupRole`` and ``PrimaryRole``, swapped by the table's actions.
 
 The replications are real (a registry and a driver that is never run); what a role does with them is checked
 here, and that HaNode's actions are the swaps (``start_guarding``: ``promote``; ``stop_serving_backups``:
@@ -13,15 +13,15 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from hastandby.broker.driver import Driver
-from hastandby.broker.memory import MemoryAlarm
-from hastandby.broker.registry import Registry
-from hastandby.browser.backup import BackupReplication
-from hastandby.browser.primary import PrimaryReplication
-from hastandby.lifecycle.cluster import Leader
-from hastandby.lifecycle.roles import BackupRole, PrimaryRole, Role
+from hastandby.broker.transport.driver import Driver
+from hastandby.broker.admission.memory import MemoryAlarm
+from hastandby.broker.queues.registry import Registry
+from hastandby.ha.backup import BackupReplication
+from hastandby.ha.primary import PrimaryReplication
+from hastandby.election.cluster import Leader
+from hastandby.ha.roles import BackupRole, PrimaryRole, Role
 
-LIFECYCLE = Path(__file__).resolve().parents[2] / "hastandby" / "lifecycle"
+PACKAGE = Path(__file__).resolve().parents[2] / "hastandby"
 
 
 def backup_role(checked: list[Any] | None = None, admin: bool = False) -> BackupRole:
@@ -142,14 +142,14 @@ def _imports(path: Path) -> set[str]:
 
 def test_the_management_hooks_do_not_import_the_node() -> None:
     """ClusterManagement takes a ManagedNode (its protocol), as admission and the election loop do."""
-    for module in ("cluster_management.py", "admission.py", "election.py", "roles.py"):
-        imports = _imports(LIFECYCLE / module)
-        assert ".ha_node" not in imports and "hastandby.lifecycle.ha_node" not in imports, module
+    for module in ("ha/cluster_management.py", "ha/admission.py", "election/loop.py", "ha/roles.py"):
+        imports = _imports(PACKAGE / module)
+        assert ".node" not in imports and "hastandby.ha.node" not in imports, module
 
 
 def test_the_table_actions_swap_the_role() -> None:
     """HaNode's start_guarding and stop_serving_backups are the swaps (read from its source)."""
-    source = (LIFECYCLE / "ha_node.py").read_text()
+    source = (PACKAGE / "ha" / "node.py").read_text()
     assert "self.role = self.role.promote(self._serve_backups)" in source
     assert "self.role = self.role.step_down()" in source
     assert re.search(r"self\.primary\b(?!_url)", source) is None  # no "if self.primary is not None"

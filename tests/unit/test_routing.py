@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from proton import Message
 
-from hastandby.broker import sections
+from hastandby.broker.message import sections
 from hastandby.broker.errors import InvalidArgument, NotAllowed, NotFound, ResourceLimitExceeded
-from hastandby.broker.exchange import topic_matches
-from hastandby.broker.registry import Registry
+from hastandby.broker.queues.exchange import topic_matches
+from hastandby.broker.queues.registry import Registry
 
 
 @pytest.mark.parametrize(
@@ -154,7 +154,7 @@ def test_a_message_of_many_sections_is_refused_after_a_few_and_parses_in_linear_
 
     from proton import Data, Described, ulong
 
-    from hastandby.broker import sections
+    from hastandby.broker.message import sections
 
     one = Data()
     one.put_object(Described(ulong(0x72), {}))  # an empty message-annotations section

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from types import SimpleNamespace
 
-from hastandby.broker.idset import IdSet
+from hastandby.broker.queues.idset import IdSet
 from hastandby.replication.subscription import ReplicatingSubscription
 
 

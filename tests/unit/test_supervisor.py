@@ -1,6 +1,6 @@
 """The supervisor's pure parts: what the node says of its leases, and the restart back-off."""
 
-from hastandby.lifecycle import supervisor as s
+from hastandby.host import supervisor as s
 
 
 def test_the_last_lease_the_node_named_is_the_one_to_revoke():

@@ -6,11 +6,11 @@ run (only its timer heap is touched), and no link or socket is opened.
 
 from __future__ import annotations
 
-from hastandby.broker.completion import Completion
-from hastandby.broker.driver import Driver
-from hastandby.broker.lineage import Epoch
-from hastandby.broker.registry import Registry
-from hastandby.browser.primary import PrimaryReplication, RemoteBackup
+from hastandby.broker.queues.completion import Completion
+from hastandby.broker.transport.driver import Driver
+from hastandby.broker.queues.lineage import Epoch
+from hastandby.broker.queues.registry import Registry
+from hastandby.ha.primary import PrimaryReplication, RemoteBackup
 
 
 def replication(keeps_sync_set: bool, expected: dict[str, str] | None = None, min_sync: int = 1) -> PrimaryReplication:

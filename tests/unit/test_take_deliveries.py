@@ -19,12 +19,12 @@ from typing import Any
 from cproton import lib
 from proton import Collector, Connection, Endpoint, Event, Link, Transport
 
-from hastandby.broker.fence import Fence
+from hastandby.broker.admission.fence import Fence
 from hastandby.broker.links import IncomingLink, take_deliveries
-from hastandby.broker.memory import MemoryAlarm
-from hastandby.broker.queue import Queue, QueueSettings
+from hastandby.broker.admission.memory import MemoryAlarm
+from hastandby.broker.queues.queue import Queue, QueueSettings
 from hastandby.replication.codec import encode_batch
-from hastandby.browser.replicator import QueueReplicator
+from hastandby.ha.replicator import QueueReplicator
 from hastandby.dr.config import ReplicationConfig
 from hastandby.dr.protocol import EPOCH_PROPERTY, ReplicaIdentity
 from hastandby.dr.replica import ReplicaLink

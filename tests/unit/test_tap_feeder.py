@@ -11,8 +11,8 @@ from typing import Any, Callable
 
 from proton import Condition, Connection, Endpoint, Link, Transport
 
-from hastandby.broker.completion import Completion
-from hastandby.broker.queue import Queue, QueueSettings
+from hastandby.broker.queues.completion import Completion
+from hastandby.broker.queues.queue import Queue, QueueSettings
 from hastandby.replication.codec import decode_body
 from hastandby.replication.guard import QueueGuard
 from hastandby.dr.protocol import STOPPED, LinkRequest, StatusReport

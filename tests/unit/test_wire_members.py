@@ -1,4 +1,4 @@
-"""Cluster members on the HA wiring link (browser/protocol.py ``PeerMember``): the maps a primary sends are the
+"""Cluster members on the HA wiring link (ha/protocol.py ``PeerMember``): the maps a primary sends are the
 ones it sent before members were typed, every bad field is refused naming it, and keys this node does not know
 are ignored."""
 
@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from hastandby.broker.driver import Driver
-from hastandby.broker.memory import MemoryAlarm
-from hastandby.broker.registry import Registry
-from hastandby.browser.backup import BackupReplication
-from hastandby.browser.primary import PrimaryReplication
+from hastandby.broker.transport.driver import Driver
+from hastandby.broker.admission.memory import MemoryAlarm
+from hastandby.broker.queues.registry import Registry
+from hastandby.ha.backup import BackupReplication
+from hastandby.ha.primary import PrimaryReplication
 from hastandby.replication.codec import ProtocolError, decode_control, encode_control
-from hastandby.browser.protocol import (
+from hastandby.ha.protocol import (
     Hello,
     PeerMember,
     decode_hello,
@@ -23,9 +23,9 @@ from hastandby.browser.protocol import (
     decode_members,
     decode_members_update,
 )
-from hastandby.lifecycle.cluster_management import ClusterManagement
-from hastandby.lifecycle.ha_node import HaNode
-from hastandby.lifecycle.roles import BackupRole, PrimaryRole
+from hastandby.ha.cluster_management import ClusterManagement
+from hastandby.ha.node import HaNode
+from hastandby.ha.roles import BackupRole, PrimaryRole
 from hastandby.lifecycle.states import State
 
 

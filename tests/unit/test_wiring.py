@@ -8,11 +8,11 @@ import pytest
 from proton import Message
 
 from hastandby.broker.errors import NotFound
-from hastandby.broker.queue import Queue
-from hastandby.broker.registry import REPLICATE, Registry
-from hastandby.wiring import events
-from hastandby.wiring.publisher import WiringPublisher
-from hastandby.wiring.reconcile import WiringReplica
+from hastandby.broker.queues.queue import Queue
+from hastandby.broker.queues.registry import REPLICATE, Registry
+from hastandby.ha import config_events as events
+from hastandby.ha.config_publisher import WiringPublisher
+from hastandby.ha.config_reconcile import WiringReplica
 
 
 class Pair:

@@ -1,0 +1,1 @@
+"""Queues and routing: queues and their kinds, scheduled delivery, exchanges, the registry, replication ids."""
