@@ -30,7 +30,7 @@ from functools import partial
 from typing import Any, Callable
 
 import structlog
-from proton import Condition, Connection, Endpoint, Link
+from proton import Connection, Link
 
 from hastandby.broker.queues import lineage
 from hastandby.broker.transport import peer
@@ -51,8 +51,8 @@ from hastandby.replication.codec import (
     BACKUP_PROPERTY,
     ProtocolError,
     encode_control,
-    receive_controls,
 )
+from hastandby.replication.control import ControlReceiver
 from hastandby.replication.subscription import ReplicatingSubscription
 
 from hastandby.dr.protocol import (
@@ -333,42 +333,18 @@ class TapLink(BatchingLink):
             self.forget(self.queue)
 
 
-class AckReceiver:
-    """The replica's cumulative acknowledgements, for the data link of the same connection."""
+class AckReceiver(ControlReceiver):
+    """The replica's cumulative acknowledgements (a control link), for the data link of the same connection."""
 
     def __init__(self, link: Link, endpoint_for: Callable[[Connection], FullSourceLink | TapLink | None]) -> None:
-        self.link = link
+        super().__init__(link, self._acknowledged, log, "replica acknowledgement refused")
         self.endpoint_for = endpoint_for
-        self.closed = False
-
-    def start(self) -> None:
-        self.link.flow(10)
-
-    def on_delivery(self, impl: Any) -> None:
-        try:
-            receive_controls(impl, self._acknowledged)
-        except ProtocolError as error:  # the delivery is settled already: the link goes, naming the field
-            log.warning("replica acknowledgement refused", condition=error.condition, error=str(error))
-            self.close()
-            if self.link.state & Endpoint.LOCAL_ACTIVE:
-                self.link.condition = Condition(error.condition, str(error))
-                self.link.close()
 
     def _acknowledged(self, body: dict[str, Any]) -> None:
         ack = Ack.from_wire(body)
         endpoint = self.endpoint_for(self.link.connection)
         if endpoint is not None:
             endpoint.acknowledged(ack.through)
-
-    def flow(self) -> None:
-        pass
-
-    def fail(self, error: Exception) -> None:
-        self.close()
-        self.link.close()
-
-    def close(self) -> None:
-        self.closed = True
 
 
 class DrSource:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, ClassVar, Iterator, Protocol
 
 from proton import UNDESCRIBED, Array, Data, Described, symbol, ubyte, ulong
 
@@ -130,6 +130,64 @@ def _binary(value: Any) -> bytes:
     raise SaslError(f"expected binary, got {type(value).__name__}")
 
 
+# -- both ends ------------------------------------------------------------------------------
+
+
+class _End:
+    """What both ends of a handshake do with the peer's bytes: buffer them, take the SASL frames off the front
+    one at a time while the handshake reads them, and once it is over hand back what follows (AMQP, for the
+    engine).  A failure is caught here, once: ``_fail`` says what the peer is told."""
+
+    _reading: ClassVar[tuple[str, ...]]  # the states in which the peer's frames are read
+    _errors: ClassVar[tuple[type[Exception], ...]] = (SaslError,)  # what ``_advance`` may raise for a failure
+
+    def __init__(self, output: bytes = b"") -> None:
+        self._buffer = bytearray()
+        self._output = bytearray(output)
+        self._state = "header"
+        self.failed: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._state == "done"
+
+    def take_output(self) -> bytes:
+        output, self._output = bytes(self._output), bytearray()
+        return output
+
+    def receive(self, data: bytes) -> bytes:
+        """The peer's bytes; returns what follows a finished handshake (else nothing)."""
+        if self._state == "done":
+            return data
+        if self._state == "failed":
+            return b""
+        self._buffer += data
+        return self._go(self._advance)
+
+    def _go(self, advance: Callable[[], None]) -> bytes:
+        try:
+            advance()
+        except self._errors as error:
+            self._fail(str(error))
+            return b""
+        if self._state == "done":
+            rest, self._buffer = bytes(self._buffer), bytearray()
+            return rest
+        return b""
+
+    def _frames(self) -> Iterator[tuple[int, list[Any]]]:
+        """The peer's complete SASL frames, one at a time while the state reads them: what follows the frame
+        that ends the handshake is AMQP, and stays in the buffer."""
+        while self._state in self._reading and (frame := decode_frame(self._buffer)) is not None:
+            yield frame
+
+    def _advance(self) -> None:
+        raise NotImplementedError
+
+    def _fail(self, reason: str) -> None:
+        raise NotImplementedError
+
+
 # -- the server -----------------------------------------------------------------------------
 
 
@@ -228,7 +286,7 @@ class _Anonymous:
         return None, True
 
 
-class SaslServer:
+class SaslServer(_End):
     """The server's side of one connection's SASL handshake.
 
     Feed it the peer's bytes with ``receive``; send ``take_output()``; once
@@ -243,26 +301,21 @@ class SaslServer:
     received meanwhile are kept, in order, up to a frame's worth.
     """
 
+    _reading = ("init", "response")
+
     def __init__(self, users: Users, decoy_key: bytes, allow_anonymous: bool,
                  certificate_subject: str | None = None) -> None:
+        super().__init__()
         self._users = users
         self._decoy_key = decoy_key
         self._allow_anonymous = allow_anonymous
         self._subject = certificate_subject
-        self._buffer = bytearray()
-        self._output = bytearray()
-        self._state = "header"
         self._mechanism: Any = None
         self._mechanism_name = ""
         self._paused: bytes = b""  # the response whose step waits for ``resume``
         self.verification: Verification | None = None
         self.principal: Principal | None = None
-        self.failed: str | None = None
         self.login_failed = False
-
-    @property
-    def done(self) -> bool:
-        return self._state == "done"
 
     def mechanisms(self) -> list[str]:
         offered = [SCRAM, "PLAIN"]
@@ -271,23 +324,6 @@ class SaslServer:
         if self._allow_anonymous:
             offered.append("ANONYMOUS")
         return offered
-
-    def take_output(self) -> bytes:
-        output, self._output = bytes(self._output), bytearray()
-        return output
-
-    def receive(self, data: bytes) -> bytes:
-        """The peer's bytes; returns what follows a finished handshake (else nothing)."""
-        if self._state == "done":
-            return data
-        if self._state == "failed":
-            return b""
-        self._buffer += data
-        if self._state == "verifying":
-            if len(self._buffer) > MAX_FRAME:
-                self._fail(f"more than {MAX_FRAME} bytes sent while its credentials were checked")
-            return b""
-        return self._go(self._advance)
 
     def resume(self, refusal: str | None = None, busy: bool = False) -> bytes:
         """The driver's verdict on ``verification``: None to go on (SCRAM's proof is checked now), else why not.
@@ -321,18 +357,11 @@ class SaslServer:
         user, password = verification.user, verification.password
         return self.resume(check_password(self._users.secret(user), self._decoy_key, user, password))
 
-    def _go(self, advance: Callable[[], None]) -> bytes:
-        try:
-            advance()
-        except SaslError as error:
-            self._fail(str(error))
-            return b""
-        if self._state == "done":
-            rest, self._buffer = bytes(self._buffer), bytearray()
-            return rest
-        return b""
-
     def _advance(self) -> None:
+        if self._state == "verifying":  # bytes kept, in order, for after ``resume``
+            if len(self._buffer) > MAX_FRAME:
+                raise SaslError(f"more than {MAX_FRAME} bytes sent while its credentials were checked")
+            return
         if self._state == "header":
             if len(self._buffer) < 8:
                 if not SASL_HEADER.startswith(bytes(self._buffer[:8])) and not AMQP_HEADER.startswith(
@@ -351,8 +380,7 @@ class SaslServer:
             mechanisms = [symbol(m) for m in self.mechanisms()]
             self._output += encode_frame(MECHANISMS, [Array(UNDESCRIBED, Data.SYMBOL, *mechanisms)])
             self._state = "init"
-        while self._state in ("init", "response") and (frame := decode_frame(self._buffer)):
-            code, fields = frame
+        for code, fields in self._frames():
             if self._state == "init" and code == INIT:
                 self._init(fields)
             elif self._state == "response" and code == RESPONSE:
@@ -414,7 +442,7 @@ class SaslServer:
 # -- the client -------------------------------------------------------------------------------
 
 
-class SaslClient:
+class SaslClient(_End):
     """Our side of a SASL handshake with a peer node (backup -> primary, replica -> source).
 
     Prefers SCRAM-SHA-256 when it has a password, then PLAIN; EXTERNAL when
@@ -423,39 +451,18 @@ class SaslClient:
     bytes that follow and the caller sends the AMQP engine's output.
     """
 
+    _reading = ("mechanisms", "running")
+    _errors = (SaslError, ScramError, UnicodeDecodeError)
+
     def __init__(self, user: str | None = None, password: str | None = None, external: bool = False,
                  hostname: str | None = None) -> None:
+        super().__init__(SASL_HEADER)
         self._user, self._password, self._external, self._hostname = user, password, external, hostname
-        self._buffer = bytearray()
-        self._output = bytearray(SASL_HEADER)
-        self._state = "header"
         self._scram: ScramClient | None = None
         self.mechanism = ""
-        self.failed: str | None = None
 
-    @property
-    def done(self) -> bool:
-        return self._state == "done"
-
-    def take_output(self) -> bytes:
-        output, self._output = bytes(self._output), bytearray()
-        return output
-
-    def receive(self, data: bytes) -> bytes:
-        if self._state == "done":
-            return data
-        if self._state == "failed":
-            return b""
-        self._buffer += data
-        try:
-            self._advance()
-        except (SaslError, ScramError, UnicodeDecodeError) as error:
-            self._state, self.failed = "failed", str(error)
-            return b""
-        if self._state == "done":
-            rest, self._buffer = bytes(self._buffer), bytearray()
-            return rest
-        return b""
+    def _fail(self, reason: str) -> None:
+        self._state, self.failed = "failed", reason  # the peer is told nothing: we close
 
     def _advance(self) -> None:
         if self._state == "header":
@@ -465,7 +472,7 @@ class SaslClient:
                 raise SaslError(f"the peer answered {bytes(self._buffer[:8])!r}, not the SASL header")
             del self._buffer[:8]
             self._state = "mechanisms"
-        for code, fields in decode_frames(self._buffer):
+        for code, fields in self._frames():
             if self._state == "mechanisms" and code == MECHANISMS:
                 self._choose(_field(fields, 0))
             elif self._state == "running" and code == CHALLENGE:
@@ -475,8 +482,6 @@ class SaslClient:
                 self._outcome(fields)
             else:
                 raise SaslError(f"unexpected SASL frame 0x{code:x} in state {self._state}")
-            if self._state == "done":
-                return
 
     def _choose(self, offered: Any) -> None:
         if isinstance(offered, Array):

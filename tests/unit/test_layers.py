@@ -172,6 +172,12 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def test_no_import_loop() -> None:
+    """No two modules import each other, directly or around a loop (imports under TYPE_CHECKING count too)."""
+    graph = {name: {m for m in _imports(path) if m in MODULES and m != name} for name, path in MODULES.items()}
+    assert _cycles(graph) == []
+
+
 def test_the_loop_finder_finds_loops() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []

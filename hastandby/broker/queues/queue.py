@@ -29,6 +29,7 @@ from operator import lt
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol, Sequence, TypeVar
 
+from hastandby.broker.queues import scheduled
 from hastandby.broker.queues.completion import Completion
 from hastandby.broker.errors import ResourceLimitExceeded
 from hastandby.broker.queues.idset import IdSet
@@ -367,9 +368,7 @@ class Queue:
         queue's class is its kind's scheduling variant; it goes back once nothing is held.  False for a
         kind that does not hold messages back (a last-value or grouped queue: docs/queues.md), or when
         ``data`` (a message) has no time still to come."""
-        from hastandby.broker.queues.scheduled import start_scheduling  # scheduled.py builds on this module
-
-        return start_scheduling(self, data)
+        return scheduled.start_scheduling(self, data)
 
     def scheduled_count(self) -> int:
         """Messages held back until their delivery time (due ones are no longer held: consumers take them first)."""
@@ -653,6 +652,10 @@ class Queue:
         index = self._index(msg_id)
         return None if index is None else self._data[index]
 
+    def holds(self, msg_id: int) -> bool:
+        """Is message ``msg_id`` on the queue (acquired or not)?"""
+        return self._index(msg_id) is not None
+
     def _index(self, msg_id: int) -> int | None:
         ids = self._ids
         index = bisect_left(ids, msg_id)
@@ -703,13 +706,14 @@ class Queue:
         return deadline is not None and deadline <= (now if now is not None else time.monotonic())
 
     def expire(self, now: float | None = None) -> int:
-        """Remove messages whose TTL has passed (acquired ones wait for release)."""
+        """Remove messages whose TTL has passed (acquired ones wait for release; a held one goes: it is
+        nobody's, ``scheduled.py``)."""
         now = time.monotonic() if now is None else now
         heap = self._expiry_heap
         removed = 0
         while heap and heap[0][0] <= now:
             _, msg_id = heapq.heappop(heap)
-            if msg_id in self._acquired or msg_id not in self._expires:
+            if msg_id not in self._expires or (msg_id in self._acquired and msg_id not in self._scheduled):
                 continue
             if self.dequeue(msg_id, "expired") is not None:
                 self.stats["expired"] += 1

@@ -11,9 +11,12 @@ counts a delay from its own arrival.  No control or journal record is needed
 for it.
 
 A queue holds nothing back until it first takes such a message: then its class
-becomes its kind's scheduling variant (``SchedulingQueue`` composed with it,
+becomes its kind's scheduling variant (``Scheduling`` composed with it,
 as ``queue_kinds.queue_class`` composes features) and a ``ScheduleKeeper``
 observes it; once nothing is held any more it goes back to its plain class.
+``Queue.start_scheduling`` calls this module, which does not import ``queue.py``:
+what it needs of a queue is ``Holder``, and ``Scheduling`` is a mixin that
+only ever comes composed with a kind (a ``Queue`` subclass).
 So a queue that never sees the annotations pays nothing, and the check for
 them on the hot path reads a few bytes (``sections.may_be_scheduled``).
 
@@ -25,7 +28,7 @@ browsers, which see acquired messages, replicate it as any other.  When its
 time comes it is *due*: no longer held (a browser that has not passed its
 place sees it), and consumers get due messages first, in order of due time
 then arrival (replication id), ahead of the messages that have no time:
-every dispatch goes through ``SchedulingQueue._dispatch_consumers``, which
+every dispatch goes through ``Scheduling._dispatch_consumers``, which
 serves the due ones before its kind's own order, so the kind's dispatch
 only runs once no due message is left or no consumer has credit.  Once given
 to a consumer a message is an ordinary acquired one (a release puts it back
@@ -41,11 +44,10 @@ from __future__ import annotations
 
 import heapq
 import time
-from typing import Any
+from typing import Any, Callable, Protocol
 
 from hastandby.broker.message import sections
 from hastandby.broker.queues.completion import Completion
-from hastandby.broker.queues.queue import Consumer, Queue
 
 MAX_WAIT = 2.0
 """Seconds a queue's timer waits at most: the timer runs on the monotonic clock, due times are wall-clock."""
@@ -65,12 +67,32 @@ class _Held:
 HELD: Any = _Held()
 
 
+class Holder(Protocol):
+    """What scheduling needs of a queue (``queue.Queue`` has it): its settings, its timers, and the two tables
+    held messages live in, which the queue keeps for this module (so that every dispatch, of every kind, passes
+    over a held message at no cost to the queues that hold none)."""
+
+    name: str
+    settings: Any  # queue.QueueSettings
+    timers: Any  # the driver's ``schedule``, or None: ``Queue.timers``
+    _acquired: dict[int, Any]  # id -> its consumer, or HELD
+    _scheduled: dict[int, int]  # id -> due (ms since the epoch) of the held
+    _keeper: Any  # its ScheduleKeeper while it holds messages, else None
+    _dispatching: bool
+
+    def holds(self, msg_id: int) -> bool: ...
+
+    def add_observer(self, observer: object) -> None: ...
+
+    def remove_observer(self, observer: object) -> None: ...
+
+
 def wall_ms() -> int:
     """Now, in milliseconds since the epoch (the clock due times are in; tests replace it)."""
     return int(time.time() * 1000)
 
 
-def refusal(queue: Queue) -> str | None:
+def refusal(queue: Holder) -> str | None:
     """Why ``queue`` cannot hold a message back (a sentence), or None if it can."""
     settings = queue.settings
     if settings.lvq_key is not None:
@@ -100,36 +122,36 @@ class ScheduleKeeper:
         self.stop_pending = False
         self.removed = 0  # entries gone from the heaps since they were last rebuilt
 
-    def idle(self, queue: Queue) -> bool:
+    def idle(self, queue: Holder) -> bool:
         """Nothing held and nothing due: the queue can go back to its plain class."""
         return not queue._scheduled and not self.due_ids
 
-    def hold(self, queue: Queue, msg_id: int, data: bytes) -> None:
+    def hold(self, queue: Holder, msg_id: int, data: bytes) -> None:
         """Hold ``msg_id`` if its bytes carry a delivery time still to come (by this node's clock)."""
         due = sections.due_time(data)
-        if due is None or due <= wall_ms() or queue._index(msg_id) is None:
+        if due is None or due <= wall_ms() or not queue.holds(msg_id):
             return  # no time, or its time has come: an ordinary message
         if msg_id in queue._acquired:  # (a pre-settled consumer cannot have it yet: the keeper comes first)
             return
         queue._scheduled[msg_id] = due
         queue._acquired[msg_id] = HELD
         heapq.heappush(self.held, (due, msg_id))
-        if isinstance(queue, SchedulingQueue):
+        if isinstance(queue, Scheduling):
             queue._arm()
 
     # -- QueueObserver ----------------------------------------------------------------------
 
-    def enqueued(self, queue: Queue, msg_id: int, data: bytes, completion: Completion | None) -> None:
+    def enqueued(self, queue: Holder, msg_id: int, data: bytes, completion: Completion | None) -> None:
         if sections.may_be_scheduled(data):
             self.hold(queue, msg_id, data)
 
-    def acquired(self, queue: Queue, msg_id: int) -> None:
+    def acquired(self, queue: Holder, msg_id: int) -> None:
         pass
 
-    def released(self, queue: Queue, msg_id: int) -> None:
+    def released(self, queue: Holder, msg_id: int) -> None:
         pass
 
-    def dequeued(self, queue: Queue, msg_id: int, reason: str) -> None:
+    def dequeued(self, queue: Holder, msg_id: int, reason: str) -> None:
         if queue._scheduled.pop(msg_id, None) is None:
             if not self.due_ids or msg_id not in self.due_ids:
                 return
@@ -143,12 +165,12 @@ class ScheduleKeeper:
             self.stop_pending = True
             queue.timers(0, lambda: self._stop_later(queue))
 
-    def _stop_later(self, queue: Queue) -> None:
+    def _stop_later(self, queue: Holder) -> None:
         self.stop_pending = False
         if queue._keeper is self and self.idle(queue) and not queue._dispatching:
             stop_scheduling(queue)
 
-    def rebuild(self, queue: Queue) -> None:
+    def rebuild(self, queue: Holder) -> None:
         """Drop the heaps' entries of messages gone (a backup, whose held messages its primary's consumers
         take, would keep one per message otherwise)."""
         self.held = [(due, msg_id) for msg_id, due in queue._scheduled.items()]
@@ -158,25 +180,42 @@ class ScheduleKeeper:
         self.removed = 0
 
 
-class SchedulingQueue(Queue):
-    """A queue kind's variant while it holds scheduled messages: due messages go to consumers first."""
+class Scheduling:
+    """A queue kind's variant while it holds scheduled messages: due messages go to consumers first.
 
+    A mixin: ``scheduling_class`` composes it with a kind, before it, so ``super()`` is the kind's queue.
+    """
+
+    # The kind's own (``queue.Queue``'s), for the type checker only: nothing here is set on the class.
+    name: str
+    settings: Any
+    timers: Any
     _keeper: ScheduleKeeper
+    _acquired: dict[int, Any]
+    _scheduled: dict[int, int]
+    _dispatching: bool
+    holds: Callable[[int], bool]
+    add_observer: Callable[[object], None]
+    remove_observer: Callable[[object], None]
+    _index: Callable[[int], int | None]
+    _next_consumer: Callable[[list[Any]], Any]
+    _hand_over: Callable[[Any, int, int], None]
+    dequeue: Callable[[int, str], bytes | None]
 
     def dispatch(self) -> None:
         keeper = self._keeper
         if keeper.held and keeper.held[0][0] <= wall_ms():
             self._ripen()
-        super().dispatch()
+        super().dispatch()  # type: ignore[misc]
         if not self._dispatching and self._keeper.idle(self):
             stop_scheduling(self)
 
-    def _dispatch_consumers(self, consumers: list[Consumer]) -> None:
+    def _dispatch_consumers(self, consumers: list[Any]) -> None:
         if self._keeper.due:
             self._dispatch_due(consumers[:1] if self.settings.single_active_consumer else consumers)
-        super()._dispatch_consumers(consumers)
+        super()._dispatch_consumers(consumers)  # type: ignore[misc]
 
-    def _dispatch_due(self, consumers: list[Consumer]) -> None:
+    def _dispatch_due(self, consumers: list[Any]) -> None:
         """Due messages, in order of due time then arrival, to ``consumers`` with credit, in turn."""
         keeper = self._keeper
         due, waiting, acquired = keeper.due, keeper.due_ids, self._acquired
@@ -233,25 +272,11 @@ class SchedulingQueue(Queue):
         self._arm()
         self.dispatch()
 
-    def expire(self, now: float | None = None) -> int:
-        """As ``Queue.expire``; a held message whose TTL ran out goes too (it is nobody's)."""
-        now = time.monotonic() if now is None else now
-        heap = self._expiry_heap
-        removed = 0
-        while heap and heap[0][0] <= now:
-            _, msg_id = heapq.heappop(heap)
-            if msg_id not in self._expires or (msg_id in self._acquired and msg_id not in self._scheduled):
-                continue
-            if self.dequeue(msg_id, "expired") is not None:
-                self.stats["expired"] += 1
-                removed += 1
-        return removed
-
     def purge(self) -> int:
         held = [msg_id for msg_id in self._scheduled]
         for msg_id in held:
             self.dequeue(msg_id, "purged")
-        return len(held) + super().purge()
+        return len(held) + int(super().purge())  # type: ignore[misc]
 
     def due_order(self) -> list[int]:
         """The ids due then held, in the order they go out (due time, then arrival): tests."""
@@ -263,22 +288,18 @@ class SchedulingQueue(Queue):
 _VARIANTS: dict[type, type] = {}
 
 
-def scheduling_class(kind: type[Queue]) -> type[Queue]:
-    """``kind``'s scheduling variant (made once per kind)."""
-    if issubclass(kind, SchedulingQueue):
+def scheduling_class(kind: type) -> type:
+    """``kind``'s scheduling variant (made once per kind: ``SchedulingQueue`` for ``Queue``)."""
+    if issubclass(kind, Scheduling):
         return kind
     found = _VARIANTS.get(kind)
     if found is None:
-        found = SchedulingQueue if kind is Queue else type("Scheduling" + kind.__name__, (SchedulingQueue, kind), {})
-        found.plain_kind = kind  # type: ignore[attr-defined]
+        found = type("Scheduling" + kind.__name__, (Scheduling, kind), {"plain_kind": kind})
         _VARIANTS[kind] = found
     return found
 
 
-SchedulingQueue.plain_kind = Queue  # type: ignore[attr-defined]
-
-
-def start_scheduling(queue: Queue, data: bytes | None = None) -> bool:
+def start_scheduling(queue: Holder, data: bytes | None = None) -> bool:
     """Make ``queue`` hold messages with a delivery time (``Queue.start_scheduling``); with ``data``, only if
     that message has a time still to come."""
     if queue._keeper is not None:
@@ -293,7 +314,7 @@ def start_scheduling(queue: Queue, data: bytes | None = None) -> bool:
     return True
 
 
-def stop_scheduling(queue: Queue) -> None:
+def stop_scheduling(queue: Holder) -> None:
     """Nothing is held: ``queue`` goes back to its plain kind, without the keeper."""
     keeper = queue._keeper
     if keeper is None or not keeper.idle(queue):

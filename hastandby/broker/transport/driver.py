@@ -52,6 +52,7 @@ from hastandby.security.pipe import ClientSecurity, Pipe, PipeError, ServerSecur
 
 from hastandby.broker.admission.backlog import Backlog
 from hastandby.broker.transport.handshake import Handshake
+from hastandby.broker.transport.sockets import receive, send_out
 
 log = structlog.get_logger("hastandby.driver")
 
@@ -178,12 +179,9 @@ class Socket:
             self._push_inbound()
             if self._inbound:
                 return
-        try:
-            data = self.sock.recv(IO_CHUNK)
-        except (BlockingIOError, InterruptedError):
+        data = receive(self.sock, IO_CHUNK)
+        if data is None:
             return
-        except OSError:
-            data = b""
         if not data:
             lib.pn_transport_close_tail(self.t_impl)
         elif self.pipe is None:
@@ -249,16 +247,9 @@ class Socket:
                     pending = lib.pn_transport_pending(t)
         except PipeError as error:
             self.refuse(str(error))
-        while self._outbound:
-            try:
-                sent = self.sock.send(self._outbound)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                self._outbound.clear()
-                lib.pn_transport_close_head(t)
-                break
-            del self._outbound[:sent]
+        if not send_out(self.sock, self._outbound):
+            self._outbound.clear()
+            lib.pn_transport_close_head(t)
         if self._refusing is not None and not self._outbound:
             self.close()
             return

@@ -32,21 +32,37 @@ import select
 import selectors
 import socket
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from hastandby.security.logins import Logins, Pending
 from hastandby.security.pipe import PipeError, ServerPipe
 
-if TYPE_CHECKING:
-    from hastandby.broker.transport.driver import Driver
+from hastandby.broker.transport.sockets import receive, send_out
 
 READ_SIZE = 64 * 1024  # a handshake's messages are small: more than this waiting at once is a peer to refuse
+
+
+class Host(Protocol):
+    """What a handshake needs of the loop that runs it (``driver.Driver``), all on the reactor thread."""
+
+    @property
+    def selector(self) -> selectors.BaseSelector: ...
+
+    @property
+    def dirty(self) -> set[Any]:
+        """What is flushed at the end of the loop's pass."""
+
+    def authenticated(self, handshake: "Handshake", rest: bytes) -> None:
+        """``handshake`` is done: its socket gets an engine, fed ``rest``."""
+
+    def handshake_over(self, handshake: "Handshake") -> None:
+        """``handshake`` is closed or authenticated: its socket is no longer watched for it."""
 
 
 class Handshake:
     """One accepted socket from ``source`` (its address; ``peer`` adds the port), until it authenticates."""
 
-    def __init__(self, driver: "Driver", logins: Logins, sock: socket.socket, pipe: ServerPipe, source: str,
+    def __init__(self, driver: Host, logins: Logins, sock: socket.socket, pipe: ServerPipe, source: str,
                  peer: str) -> None:
         self.driver = driver
         self.logins = logins
@@ -87,12 +103,9 @@ class Handshake:
     def _read(self) -> None:
         if self._refusing is not None:
             return
-        try:
-            data = self.sock.recv(READ_SIZE)
-        except (BlockingIOError, InterruptedError):
+        data = receive(self.sock, READ_SIZE)
+        if data is None:
             return
-        except OSError:
-            data = b""
         if not data:
             self.close()  # the peer left before authenticating
         elif self._on_pool:
@@ -186,15 +199,9 @@ class Handshake:
                 self.outbound += self.pipe.take_output()
             except PipeError as error:
                 self.refuse(str(error))
-        while self.outbound:
-            try:
-                sent = self.sock.send(self.outbound)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                self.close()
-                return
-            del self.outbound[:sent]
+        if not send_out(self.sock, self.outbound):
+            self.close()
+            return
         if self._refusing is not None and not self.outbound:
             self.close()
             return
