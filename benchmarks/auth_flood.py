@@ -61,14 +61,13 @@ import psutil
 
 from hastandby.client import ManagementError
 from hastandby.testing import auth as _auth
+from hastandby.testing import fmt, interrupt_on_sigterm, median_or_none, ratio, request, wait_answering, write_report
 from hastandby.testing.certs import make_certificates
 from hastandby.testing.flood_clients import KINDS
 from hastandby.testing.processes import LOOPBACK, Service, free_port, python_env
 from hastandby.testing.provenance import host_info
 
-from .ha_throughput import _request, _wait_answering
 from .trees import CURRENT, Tree, baseline_tree
-from .security import fmt, interrupt_on_sigterm, median_or_none, ratio, write_report
 from .throughput import DEFAULT_OUT, REPO_ROOT
 
 ALONE = "alone"
@@ -138,10 +137,10 @@ def run_phase(node: Service, port: int, tls_port: int, phase: str, phase_no: int
             result["flood_client_cpu_share"] = (_cpu(flooder) - flood_cpu_before) / produced["seconds"]
             out, _ = flooder.communicate("", timeout=CLIENT_TIMEOUT)
             result["flood"] = json.loads(out.strip().splitlines()[-1])
-        queues = {q["name"]: q for q in _request(port, "QUERY")["queues"]}
+        queues = {q["name"]: q for q in request(port, "QUERY")["queues"]}
         result["lost"] = produced["accepted"] - queues.get(queue, {}).get("depth", 0)
-        result["node_logins"] = _request(port, "STATUS").get("logins")  # None on a tree without them
-        _request(port, "DELETE", "queue", queue)
+        result["node_logins"] = request(port, "STATUS").get("logins")  # None on a tree without them
+        request(port, "DELETE", "queue", queue)
         result["ok"] = result["lost"] == 0
         if result["lost"]:
             result["error"] = f"{result['lost']} accepted messages not on the queue"
@@ -172,7 +171,7 @@ def run_round(tree: Tree, round_no: int, phases: list[str], args: argparse.Names
                    env=tree.env())
     results = []
     try:
-        _wait_answering(node, port)
+        wait_answering(node, port)
         for phase in phases:
             result = run_phase(node, port, tls_port, phase, 1 + ([ALONE, *KINDS].index(phase)), args, logs)
             result.update(tree=tree.name, round=round_no)

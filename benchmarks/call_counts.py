@@ -30,10 +30,9 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
-from hastandby.testing import cexamples
+from hastandby.testing import cexamples, request, wait_answering
 from hastandby.testing.processes import LOOPBACK, Service, free_port
 
-from .ha_throughput import _request, _wait_answering
 from .trees import CURRENT, Tree, baseline_tree
 
 
@@ -47,9 +46,9 @@ def _profile_round(tree: Tree, messages: int, queue_args: dict[str, Any] | None,
     service = Service(tag, argv, scratch / f"{tag}.log", cwd=tree.root, env=tree.env())
     try:
         login = tree.login()
-        _wait_answering(service, port, login=login)
+        wait_answering(service, port, login=login)
         if queue_args is not None:
-            _request(port, "CREATE", "queue", "calls", {"arguments": queue_args}, login=login)
+            request(port, "CREATE", "queue", "calls", {"arguments": queue_args}, login=login)
         env = tree.client_environment()
         sent = cexamples.start_send(LOOPBACK, port, "calls", messages, env=env).wait(300)
         if cexamples.sent_count(sent) != messages:

@@ -55,12 +55,12 @@ from typing import Any
 
 from hastandby.client import ManagementClient, ManagementError
 from hastandby.testing import auth as _auth
-from hastandby.testing import cexamples
+from hastandby.testing import cexamples, request, wait_answering
 from hastandby.testing.processes import Service, free_port, python_env
 from hastandby.testing.provenance import host_info
 
-from .ha_throughput import _request, _wait_answering, start_nodes
-from .throughput import DEFAULT_OUT, LOOPBACK, REPO_ROOT, _check_receive, _check_send
+from .ha_throughput import start_nodes
+from .throughput import DEFAULT_OUT, LOOPBACK, REPO_ROOT, check_receive, check_send
 
 CHUNK = 100_000
 DURABLE_QUEUE = "durable"
@@ -78,7 +78,7 @@ def fill(port: int, queue: str, messages: int, durable: bool = False) -> float:
         env["HASTANDBY_DURABLE"] = "1"
     while remaining:
         chunk = min(CHUNK, remaining)
-        _check_send(cexamples.run_send(LOOPBACK, port, queue, chunk, 100, 30 + chunk / 1000, env=env), chunk)
+        check_send(cexamples.run_send(LOOPBACK, port, queue, chunk, 100, 30 + chunk / 1000, env=env), chunk)
         remaining -= chunk
         print(f"  filled {messages - remaining:,}/{messages:,}", flush=True)
     return time.monotonic() - started
@@ -90,7 +90,7 @@ def reference_consume(messages: int, logs: Path) -> dict[str, Any]:
         port = node.port  # type: ignore[attr-defined]
         fill(port, "ref", messages)
         started = time.monotonic()
-        _check_receive(cexamples.run_receive(LOOPBACK, port, "ref", messages, 60 + messages / 1000,
+        check_receive(cexamples.run_receive(LOOPBACK, port, "ref", messages, 60 + messages / 1000,
                                              env=_auth.users().client_environment()), messages)
         elapsed = time.monotonic() - started
     finally:
@@ -127,7 +127,7 @@ def wait_backup(backup: Service, port: int, queue: str, messages: int, started: 
             now = time.monotonic()
             if now - last_print >= 1.0:
                 try:
-                    replica = next((q for q in _request(port, "QUERY")["queues"] if q["name"] == queue), None)
+                    replica = next((q for q in request(port, "QUERY")["queues"] if q["name"] == queue), None)
                     depth = replica["depth"] if replica else 0
                 except ManagementError:
                     pass
@@ -150,9 +150,9 @@ def catch_up(messages: int, logs: Path) -> dict[str, Any]:
                       cwd=REPO_ROOT, env=python_env())
     backup: Service | None = None
     try:
-        _wait_answering(primary, ports[0])
-        _request(ports[0], "PROMOTE")
-        _request(ports[0], "CREATE", "queue", "big", {"arguments": {"qpid.replicate": "all"}})
+        wait_answering(primary, ports[0])
+        request(ports[0], "PROMOTE")
+        request(ports[0], "CREATE", "queue", "big", {"arguments": {"qpid.replicate": "all"}})
         fill(ports[0], "big", messages)
         started = time.monotonic()
         backup = Service("backup", argv + ["--listen", f"{LOOPBACK}:{ports[1]}"], logs / "backup.log",
@@ -231,12 +231,12 @@ def restart(messages: int, logs: Path, data: Path, rounds: int) -> dict[str, Any
     primary_log = logs / "durable-primary.log"
     primary = Service("durable-primary", argvs[0], primary_log, cwd=REPO_ROOT, env=python_env())
     try:
-        _wait_answering(primary, ports[0])
-        _request(ports[0], "PROMOTE")
-        _request(ports[0], "CREATE", "queue", DURABLE_QUEUE,
+        wait_answering(primary, ports[0])
+        request(ports[0], "PROMOTE")
+        request(ports[0], "CREATE", "queue", DURABLE_QUEUE,
                  {"durable": True, "arguments": {"qpid.replicate": "all"}})
         fill(ports[0], DURABLE_QUEUE, messages, durable=True)
-        journaled = _request(ports[0], "STATUS")["journal"]["messages"]
+        journaled = request(ports[0], "STATUS")["journal"]["messages"]
         print(f"  primary journal: {journaled:,} messages", flush=True)
         results = []
         for number in range(1, rounds + 1):
@@ -266,7 +266,7 @@ def restart_round(number: int, rounds: int, argv: list[str], ports: list[int], m
         full_seconds = wait_backup(backup, ports[1], DURABLE_QUEUE, messages, started)
         full_logged = node_timeline(backup.log_path, wall)
         full_event = wait_event(primary_log, "backup caught up on queue", 2 * number - 1, queue=DURABLE_QUEUE)
-        backup_journal = _request(ports[1], "STATUS")["journal"]
+        backup_journal = request(ports[1], "STATUS")["journal"]
         full = {"seconds_to_backup": full_seconds, "msg_per_s": messages / full_seconds,
                 "primary_log": {k: full_event[k] for k in ("backup_held", "skipped", "sent")},
                 "backup_journal_messages": backup_journal["messages"],
@@ -286,10 +286,10 @@ def restart_round(number: int, rounds: int, argv: list[str], ports: list[int], m
         backup = Service(f"durable-backup-{number}-restarted", argv, restart_log, cwd=REPO_ROOT, env=python_env())
         restart_seconds = wait_backup(backup, ports[1], DURABLE_QUEUE, messages, started)
         restart_logged = node_timeline(restart_log, wall)
-        lag = (_request(ports[0], "QUERY").get("ha") or {}).get("lag", {}).get(DURABLE_QUEUE, {})
+        lag = (request(ports[0], "QUERY").get("ha") or {}).get("lag", {}).get(DURABLE_QUEUE, {})
         recovered = wait_event(restart_log, "journal recovered", 1)
         caught_up = wait_event(primary_log, "backup caught up on queue", 2 * number, queue=DURABLE_QUEUE)
-        depth = next(q["depth"] for q in _request(ports[1], "QUERY")["queues"] if q["name"] == DURABLE_QUEUE)
+        depth = next(q["depth"] for q in request(ports[1], "QUERY")["queues"] if q["name"] == DURABLE_QUEUE)
         recover_seconds = log_time(recovered) - wall
         after = restart_seconds - recover_seconds
         held = caught_up["backup_held"]

@@ -45,9 +45,9 @@ from proton import Message
 from proton.handlers import MessagingHandler
 from proton.reactor import AtMostOnce, Container, Copy
 
-from hastandby.client import ManagementClient, ManagementError
+from hastandby.client import ManagementError
 from hastandby.testing import auth as _auth
-from hastandby.testing import cexamples
+from hastandby.testing import cexamples, request
 from hastandby.testing.processes import Service, free_port, python_env
 from hastandby.testing.provenance import host_info
 from spark_analysis.phases import nearest_rank
@@ -59,11 +59,6 @@ READY_TIMEOUT = 60.0
 PACE_TICK = 0.002  # seconds between the paced producer's bursts
 
 
-def _request(port: int, operation: str, type: str = "", name: str = "", body: dict | None = None) -> Any:
-    with ManagementClient(f"{LOOPBACK}:{port}", timeout=10, login=_auth.users().login()) as client:
-        return client.request(operation, type, name, body)
-
-
 def _start_node(name: str, logs: Path) -> Service:
     port = free_port()
     argv = [sys.executable, "-m", "hastandby", "serve", "--log-format", "json", "--listen", f"{LOOPBACK}:{port}",
@@ -73,7 +68,7 @@ def _start_node(name: str, logs: Path) -> Service:
     deadline = time.monotonic() + READY_TIMEOUT
     while time.monotonic() < deadline:
         try:
-            _request(port, "PING")
+            request(port, "PING")
             return service
         except ManagementError:
             if not service.running():
@@ -84,10 +79,10 @@ def _start_node(name: str, logs: Path) -> Service:
 
 
 def _replicate(replica_port: int, source: str, queue: str, mode: str) -> None:
-    _request(replica_port, "REPLICATE", "queue", queue, {"source": source, "mode": mode, "create": True})
+    request(replica_port, "REPLICATE", "queue", queue, {"source": source, "mode": mode, "create": True})
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        replicas = _request(replica_port, "STATUS")["replication"]["replicas"]
+        replicas = request(replica_port, "STATUS")["replication"]["replicas"]
         if any(r["queue"] == queue and r["state"] == "live" for r in replicas):
             return
         time.sleep(0.1)
@@ -105,7 +100,7 @@ def _send_rate(port: int, queue: str, count: int) -> float:
 def _wait_caught_up(source_port: int, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        served = _request(source_port, "STATUS")["replication"]["sources"]
+        served = request(source_port, "STATUS")["replication"]["sources"]
         if served and all(r["lag_messages"] == 0 for r in served):
             return
         time.sleep(0.05)
@@ -247,7 +242,7 @@ def measure_mode(mode: str, args: argparse.Namespace, logs: Path) -> dict[str, A
     try:
         src, rep = source.port, replica.port  # type: ignore[attr-defined]
         for queue in ("plain", "q", "wan"):
-            _request(src, "CREATE", "queue", queue)
+            request(src, "CREATE", "queue", queue)
         _replicate(rep, f"{LOOPBACK}:{src}", "q", mode)
         on, off, replicated = [], [], []
         cpu: dict[str, list[float]] = {"source_without": [], "source_with": [], "replica_with": []}
@@ -266,15 +261,15 @@ def measure_mode(mode: str, args: argparse.Namespace, logs: Path) -> dict[str, A
                   f"(source cpu {cpu['source_without'][-1]:.1f} us/msg), with {on[-1]:,.0f} msg/s "
                   f"(source {cpu['source_with'][-1]:.1f} us/msg, replica {cpu['replica_with'][-1]:.1f} us/msg); "
                   f"the replica had them all at {replicated[-1]:,.0f} msg/s", flush=True)
-            _request(src, "PURGE", "queue", "plain")
-            _request(src, "PURGE", "queue", "q")
+            request(src, "PURGE", "queue", "plain")
+            request(src, "PURGE", "queue", "q")
             _wait_caught_up(src)
             if mode == "enqueue":  # the replica keeps every message; the next round starts empty
-                _request(rep, "PURGE", "queue", "q")
+                request(rep, "PURGE", "queue", "q")
         flat_out = _lag(src, rep, "q", mode, 1e9, args.lag_seconds, count=args.count)
         print(f"[{mode}] producer -> source -> replica -> consumer flat out: {flat_out['achieved_rate']:,} msg/s",
               flush=True)
-        _request(src, "PURGE", "queue", "q")  # a browser on a full replica would see them again
+        request(src, "PURGE", "queue", "q")  # a browser on a full replica would see them again
         _wait_caught_up(src)
         rate = args.rate or flat_out["achieved_rate"] / 2
         loopback = _lag(src, rep, "q", mode, rate, args.lag_seconds)

@@ -97,18 +97,22 @@ from proton.reactor import Container
 
 from spark_analysis.phases import nearest_rank
 from hastandby.testing import auth as _auth
-from hastandby.testing import cexamples
-from hastandby.testing.processes import LOOPBACK, Service, free_port, python_env
-from hastandby.testing.provenance import host_info, uncommitted_changes
-
-from .ha_throughput import _LatencySender, _request, _wait_answering, _wait_state
-from .security import (
+from hastandby.testing import (
+    cexamples,
     fmt,
     interrupt_on_sigterm,
     median_or_none,
+    output_tail,
     ratio,
+    request,
+    wait_answering,
+    wait_state,
     write_report,
 )
+from hastandby.testing.processes import LOOPBACK, Service, free_port, python_env
+from hastandby.testing.provenance import host_info, uncommitted_changes
+
+from .ha_throughput import LatencySender
 from .throughput import DEFAULT_OUT, MIN_RATE, REPO_ROOT
 
 HASTANDBY_SYSTEMS = {"standalone": 0, "primary+1": 1, "primary+2": 2, "primary+2-nondurable": 2}
@@ -246,11 +250,11 @@ def start_hastandby(backups: int, work: Path, tag: str, strace: bool) -> list[Ha
             service = Service(f"{tag}-node{i}", argv, work / f"{tag}-node{i}.log", cwd=REPO_ROOT, env=python_env())
             nodes.append(HaNode(service, port, data_dir, strace_out))
         for node in nodes:
-            _wait_answering(node.service, node.port)
+            wait_answering(node.service, node.port)
         if backups:
-            _request(ports[0], "PROMOTE")
+            request(ports[0], "PROMOTE")
             for port in ports[1:]:
-                _wait_state(port, "backup")
+                wait_state(port, "backup")
     except BaseException:
         stop_hastandby(nodes)
         raise
@@ -529,7 +533,7 @@ def _wait_port(port: int, timeout: float, service: Service) -> None:
 # -- clients ---------------------------------------------------------------------------------------------------
 
 
-class _DurableLatencySender(_LatencySender):
+class _DurableLatencySender(LatencySender):
     """``ha_throughput``'s one-in-flight sender, with durable messages of ``body_size`` bytes.
 
     Its time limit is cancelled once every message is accepted: a timer left
@@ -576,20 +580,16 @@ def _client_timeout(count: int) -> float:
     return 30.0 + count / MIN_RATE * 2
 
 
-def _tail(text: str) -> str:
-    return " | ".join(text.strip().splitlines()[-5:]) or "(no output)"
-
-
 def _check_sent(run: cexamples.ClientRun, count: int) -> None:
     sent = cexamples.sent_count(run)
     if run.returncode != 0 or sent != count:
-        raise RuntimeError(f"send exit {run.returncode}, acknowledged {sent} of {count}: {_tail(run.stdout)}")
+        raise RuntimeError(f"send exit {run.returncode}, acknowledged {sent} of {count}: {output_tail(run.stdout)}")
 
 
 def _check_received(run: cexamples.ClientRun, count: int) -> None:
     received = cexamples.received_count(run)
     if run.returncode != 0 or received != count:
-        raise RuntimeError(f"receive exit {run.returncode}, received {received} of {count}: {_tail(run.stdout)}")
+        raise RuntimeError(f"receive exit {run.returncode}, received {received} of {count}: {output_tail(run.stdout)}")
 
 
 def _send(port: int, address: str, count: int, body_size: int, env: dict[str, str]) -> None:
@@ -624,7 +624,7 @@ def measure_figure(count: int, cpu_seconds: Callable[[], float], action: Callabl
         action()
     except subprocess.TimeoutExpired as error:
         return {"ok": False, "messages": count, "error": f"client timed out after {error.timeout:.0f} s: "
-                                                          f"{_tail(str(error.output or ''))}"}
+                                                          f"{output_tail(str(error.output or ''))}"}
     except RuntimeError as error:
         return {"ok": False, "messages": count, "error": str(error)}
     elapsed, t1 = time.monotonic() - started, time.time()
@@ -679,14 +679,14 @@ def measure_hastandby(system: str, round_no: int, settings: Settings, work: Path
         nodes = start_hastandby(backups, work, tag, settings.strace)
         port = nodes[0].port
         for name in (queue, together_queue, latency_queue):
-            _request(port, "CREATE", "queue", name, {"durable": True, "arguments": {"qpid.replicate": "all"}})
+            request(port, "CREATE", "queue", name, {"durable": True, "arguments": {"qpid.replicate": "all"}})
         env = _auth.users().client_environment() | ({"HASTANDBY_DURABLE": "1"} if durable else {})
 
         def cpu() -> float:
             return sum(n.service.cpu_seconds() for n in nodes)
 
         def depth(name: str) -> int:
-            return next(q["depth"] for q in _request(port, "QUERY")["queues"] if q["name"] == name)
+            return next(q["depth"] for q in request(port, "QUERY")["queues"] if q["name"] == name)
 
         journal_before = [n.journal_bytes() for n in nodes]
         rabbit_cpu_before, span_start = (rabbit.cpu_seconds() if rabbit else 0.0), time.monotonic()
@@ -717,7 +717,7 @@ def measure_hastandby(system: str, round_no: int, settings: Settings, work: Path
             # RabbitMQ's nodes run idle meanwhile (started once per invocation): what they take from the cores
             result["rabbitmq_idle_cpu_s"] = rabbit.cpu_seconds() - rabbit_cpu_before
             result["rabbitmq_idle_span_s"] = time.monotonic() - span_start
-        result["journal"] = _request(port, "STATUS").get("journal")
+        result["journal"] = request(port, "STATUS").get("journal")
         t2 = time.time()
         result["ack_latency"] = ack_latency(port, latency_queue, settings.latency_messages, durable, body,
                                             _auth.users().connect_options())

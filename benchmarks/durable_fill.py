@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -46,11 +45,10 @@ import time
 from pathlib import Path
 from typing import Any
 from hastandby.testing import auth as _auth
-from hastandby.testing import cexamples
+from hastandby.testing import cexamples, interrupt_on_sigterm, request, wait_answering, wait_state
 from hastandby.testing.processes import Service, free_port, python_env
 from hastandby.testing.waiting import wait_until
 
-from .ha_throughput import _request, _wait_answering, _wait_state
 from .throughput import LOOPBACK, REPO_ROOT
 
 QUEUE = "durable"
@@ -59,7 +57,7 @@ REPLICA_TIMEOUT = 30.0
 
 
 def _depth(port: int) -> int:
-    return int(next(q for q in _request(port, "QUERY")["queues"] if q["name"] == QUEUE)["depth"])
+    return int(next(q for q in request(port, "QUERY")["queues"] if q["name"] == QUEUE)["depth"])
 
 
 def diagnose(ports: list[int], client: cexamples.Client, nodes: list[Service]) -> None:
@@ -77,8 +75,8 @@ def diagnose(ports: list[int], client: cexamples.Client, nodes: list[Service]) -
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     for node, port in zip(nodes, ports):
         try:
-            status = _request(port, "STATUS")
-            queue = next((q for q in _request(port, "QUERY")["queues"] if q["name"] == QUEUE), None)
+            status = request(port, "STATUS")
+            queue = next((q for q in request(port, "QUERY")["queues"] if q["name"] == QUEUE), None)
             print(json.dumps({"node": node.name, "state": status.get("state"), "journal": status.get("journal"),
                               "memory": status.get("memory"), "queue_depth": queue and queue["depth"],
                               "queue_stats": queue and queue["stats"]}), flush=True)
@@ -105,14 +103,14 @@ def iteration(number: int, args: argparse.Namespace, logs: Path, seconds: list[f
     nodes = [start("primary", 0)]
     client: cexamples.Client | None = None
     try:
-        _wait_answering(nodes[0], ports[0])
-        _request(ports[0], "PROMOTE")
-        _request(ports[0], "CREATE", "queue", QUEUE, {"durable": True, "arguments": {"qpid.replicate": "all"}})
+        wait_answering(nodes[0], ports[0])
+        request(ports[0], "PROMOTE")
+        request(ports[0], "CREATE", "queue", QUEUE, {"durable": True, "arguments": {"qpid.replicate": "all"}})
         for index in range(1, args.backups + 1):
             nodes.append(start(f"backup{index}", index))
         for node, port in zip(nodes[1:], ports[1:]):
-            _wait_answering(node, port)
-            _wait_state(port, "backup")
+            wait_answering(node, port)
+            wait_state(port, "backup")
         env = {**_auth.users().client_environment(), "HASTANDBY_DURABLE": "1"}
         for chunk in range(args.chunks):
             started = time.monotonic()
@@ -161,13 +159,6 @@ def summary(seconds: list[float], failure: str | None, args: argparse.Namespace)
     return figures
 
 
-def _interrupt_on_sigterm() -> None:
-    """SIGTERM (e.g. from ``timeout``) as Ctrl-C, so that ``finally`` blocks stop every node."""
-    def _interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-    signal.signal(signal.SIGTERM, _interrupt)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=8)
@@ -177,7 +168,7 @@ def main() -> int:
     parser.add_argument("--backups", type=int, default=0, choices=range(0, 4), metavar="{0..3}",
                         help="backups of the primary (0: a lone primary); each send then waits on their replicators")
     args = parser.parse_args()
-    _interrupt_on_sigterm()
+    interrupt_on_sigterm()
     logs = Path(tempfile.mkdtemp(prefix="durable-fill-logs-"))
     print(f"durable fill: {args.iterations} x {args.chunks} x {args.count:,} durable messages, primary with "
           f"{args.backups} backup(s); node logs in {logs}", flush=True)

@@ -61,6 +61,7 @@ from typing import Any
 
 from hastandby.client import ManagementClient
 from hastandby.election.cluster import ClusterKeys
+from hastandby.settings import LEASE_TTL, MIN_LEASE_TTL  # etcd raises shorter TTLs to that
 from hastandby.testing import auth as _auth
 from hastandby.testing.etcd import EtcdServer
 from hastandby.testing.nodes import read_node_log
@@ -111,7 +112,6 @@ GOALS = {
 GOAL_TTL = 2.0
 CAMPAIGN_WINDOW = 0.5  # s: how far before the watch's report a node's campaign decision may bound a deletion
 PORT_RETRIES = 2  # a round whose node lost its "free" port before the fault is started again
-MIN_LEASE_TTL = 2  # etcd raises shorter TTLs to about 1.5 x its election timeout (docs/lifecycle.md)
 CUT_FOR = 6.0  # s a cut link stays down: past the lease and past what a client's bounded connects take
 
 
@@ -1027,7 +1027,8 @@ def main(argv: list[str] | None = None) -> int:
                              "on a LAN of network namespaces, every node's address), virtual-ip (on the LAN, only "
                              "the virtual IP the primary holds); the LAN needs root")
     parser.add_argument("--cut-for", type=float, default=CUT_FOR, help="seconds a cut link stays down")
-    parser.add_argument("--lease-ttl", type=int, default=2, help="etcd lease TTL of the nodes, seconds")
+    parser.add_argument("--lease-ttl", type=int, default=LEASE_TTL.default, help="etcd lease TTL of the nodes, seconds "
+                        f"({LEASE_TTL.describe()})")
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--rate", type=float, default=200.0, help="producer messages per second")
     parser.add_argument("--out", type=Path, help="trace directory (default results/failover-traces-<UTC>/)")
@@ -1046,6 +1047,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--faults: {error}")
     if args.nodes < 2:
         parser.error("--nodes must be at least 2 (a primary and a backup)")
+    if not LEASE_TTL.accepts(args.lease_ttl):
+        parser.error(f"--lease-ttl must be {LEASE_TTL.describe()}")
     if args.rounds < 1 or args.rate <= 0 or args.cut_for <= 0:
         parser.error("--rounds, --rate and --cut-for must be positive")
     if any(case.on_lan for case in cases) and os.geteuid() != 0:

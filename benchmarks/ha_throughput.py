@@ -46,7 +46,6 @@ import argparse
 import json
 import shlex
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -62,9 +61,9 @@ from proton import Message
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
-from hastandby.client import Login, ManagementClient, ManagementError
+from hastandby.client import ManagementError
 from hastandby.testing import auth as _auth
-from hastandby.testing import cexamples
+from hastandby.testing import cexamples, interrupt_on_sigterm, ratio, request, wait_answering, wait_state
 from hastandby.testing.processes import Service, free_port
 from hastandby.testing.provenance import host_info
 from spark_analysis.phases import nearest_rank
@@ -79,12 +78,11 @@ from .throughput import (
     ClientFailure,
     Run,
     Settings,
-    _measure,
-    _progress,
+    measure_phase,
+    print_run,
 )
 
 CONFIGURATIONS = {"standalone": 0, "primary+1": 1, "primary+2": 2}
-READY_TIMEOUT = 60.0
 LATENCY_TIMEOUT = 30.0
 """Seconds the ack latency figure may take beyond 50 ms per message before it counts as stuck."""
 GOAL_TOLERANCE = 0.05
@@ -107,12 +105,12 @@ def start_nodes(backups: int, logs: Path, tag: str, tree: Tree = CURRENT) -> lis
     login = tree.login()
     try:
         for service, port in zip(services, ports):
-            _wait_answering(service, port, login=login)
+            wait_answering(service, port, login=login)
             service.port = port  # type: ignore[attr-defined]
         if backups:
-            _request(ports[0], "PROMOTE", login=login)
+            request(ports[0], "PROMOTE", login=login)
             for port in ports[1:]:
-                _wait_state(port, "backup", login=login)
+                wait_state(port, "backup", login=login)
     except BaseException:
         for service in services:
             service.stop()
@@ -120,40 +118,7 @@ def start_nodes(backups: int, logs: Path, tag: str, tree: Tree = CURRENT) -> lis
     return services
 
 
-def _request(port: int, operation: str, type: str = "", name: str = "", body: dict | None = None,
-             login: Login | None = None) -> Any:
-    """A management request as ``admin`` (``login``: another, e.g. an anonymous ``Login()`` for a baseline)."""
-    with ManagementClient(f"{LOOPBACK}:{port}", timeout=10, login=login or _auth.users().login()) as client:
-        return client.request(operation, type, name, body)
-
-
-def _wait_answering(service: Service, port: int, login: Login | None = None) -> None:
-    """Cluster nodes refuse plain clients until primary, so ask as an admin (management ping)."""
-    deadline = time.monotonic() + READY_TIMEOUT
-    while time.monotonic() < deadline:
-        if not service.running():
-            raise RuntimeError(f"{service.name} exited: {service.log_tail()}")
-        try:
-            _request(port, "PING", login=login)
-            return
-        except ManagementError:
-            time.sleep(0.1)
-    raise TimeoutError(f"{service.name} not answering on port {port}")
-
-
-def _wait_state(port: int, state: str, timeout: float = READY_TIMEOUT, login: Login | None = None) -> float:
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        try:
-            if _request(port, "STATUS", login=login)["state"] == state:
-                return time.monotonic() - started
-        except ManagementError:
-            pass
-        time.sleep(0.05)
-    raise TimeoutError(f"node on port {port} not {state} after {timeout:.0f} s")
-
-
-class _LatencySender(MessagingHandler):
+class LatencySender(MessagingHandler):
     """One message in flight: the time from send to 'accepted' is the acknowledgement latency."""
 
     def __init__(self, url: str, address: str, count: int, connect_options: dict[str, Any] | None = None,
@@ -194,7 +159,7 @@ def ack_latency(port: int, queue: str, count: int, connect_options: dict[str, An
                 timeout: float | None = None) -> dict[str, float]:
     """p50/p99/max of send -> accepted, one message in flight; ``timeout`` default 30 s + 50 ms per message."""
     timeout = LATENCY_TIMEOUT + 0.05 * count if timeout is None else timeout
-    sender = _LatencySender(f"amqp://{LOOPBACK}:{port}", queue, count, connect_options, timeout)
+    sender = LatencySender(f"amqp://{LOOPBACK}:{port}", queue, count, connect_options, timeout)
     Container(sender).run()
     ordered = sorted(sender.latencies)
     if len(ordered) < count:
@@ -223,7 +188,7 @@ def measure(config: str, round_no: int, settings: Settings, latency_messages: in
         port = primary.port  # type: ignore[attr-defined]
         declared = {"durable": True} if tree.journal else {}
         for name in set(queues.values()) | {f"lat-{tag}"}:
-            _request(port, "CREATE", "queue", name, {**declared, "arguments": {"qpid.replicate": "all"}},
+            request(port, "CREATE", "queue", name, {**declared, "arguments": {"qpid.replicate": "all"}},
                      login=tree.login())
         for figure in FIGURES:
             run = runs[figure]
@@ -231,11 +196,11 @@ def measure(config: str, round_no: int, settings: Settings, latency_messages: in
                 run.error = "not run: the send figure that fills its queue failed"
             else:
                 cluster_before = sum(service.cpu_seconds() for service in services)
-                _measure(run, primary, partial(PHASES[figure], settings, port, run.queue, tree.client_environment()))
+                measure_phase(run, primary, partial(PHASES[figure], settings, port, run.queue, tree.client_environment()))
                 if run.ok:
                     spent = sum(service.cpu_seconds() for service in services) - cluster_before
                     run.cluster_cpu_us_per_msg = spent / run.messages * 1e6
-            _progress(run, settings.runs)
+            print_run(run, settings.runs)
         result["ack_latency"] = ack_latency(port, f"lat-{tag}", latency_messages, tree.connect_options())
         lat = result["ack_latency"]
         print(f"round {round_no}/{settings.runs}  {label:<10} ack latency p50 {lat['p50_ms']:.2f} ms "
@@ -258,10 +223,6 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _ratio(mine: float | None, reference: float | None) -> float | None:
-    return mine / reference if mine is not None and reference else None
-
-
 def summarize(results: list[dict[str, Any]], tree: str = CURRENT.name) -> dict[str, Any]:
     """Medians per configuration of one tree's rounds: msg/s and primary CPU per figure, ack latency."""
     summary: dict[str, Any] = {}
@@ -280,7 +241,7 @@ def summarize(results: list[dict[str, Any]], tree: str = CURRENT.name) -> dict[s
     base = summary["standalone"]["msg_per_s"]
     for config in CONFIGURATIONS:
         summary[config]["ratio_to_standalone"] = {
-            figure: _ratio(summary[config]["msg_per_s"][figure], base[figure]) for figure in FIGURES
+            figure: ratio(summary[config]["msg_per_s"][figure], base[figure]) for figure in FIGURES
         }
     return summary
 
@@ -307,10 +268,10 @@ def compare(results: list[dict[str, Any]], current: dict[str, Any], baseline: di
     comparison: dict[str, Any] = {}
     for config in CONFIGURATIONS:
         cur, base = current[config], baseline[config]
-        medians = {figure: _ratio(cur["msg_per_s"][figure], base["msg_per_s"][figure]) for figure in FIGURES}
-        medians["ack_p50_ms"] = _ratio(cur["ack_p50_ms"], base["ack_p50_ms"])
-        medians["ack_p99_ms"] = _ratio(cur["ack_p99_ms"], base["ack_p99_ms"])
-        medians["cpu_us_per_msg"] = {figure: _ratio(cur["cpu_us_per_msg"][figure], base["cpu_us_per_msg"][figure])
+        medians = {figure: ratio(cur["msg_per_s"][figure], base["msg_per_s"][figure]) for figure in FIGURES}
+        medians["ack_p50_ms"] = ratio(cur["ack_p50_ms"], base["ack_p50_ms"])
+        medians["ack_p99_ms"] = ratio(cur["ack_p99_ms"], base["ack_p99_ms"])
+        medians["cpu_us_per_msg"] = {figure: ratio(cur["cpu_us_per_msg"][figure], base["cpu_us_per_msg"][figure])
                                      for figure in FIGURES}
         per_round: dict[str, list[float]] = {key: [] for key in COMPARED}
         rounds = sorted({r["round"] for r in results})
@@ -318,7 +279,7 @@ def compare(results: list[dict[str, Any]], current: dict[str, Any], baseline: di
             pair = {r["tree"]: _figures(r) for r in results if r["config"] == config and r["round"] == round_no}
             if CURRENT.name in pair and "baseline" in pair:
                 for key in COMPARED:
-                    value = _ratio(pair[CURRENT.name][key], pair["baseline"][key])
+                    value = ratio(pair[CURRENT.name][key], pair["baseline"][key])
                     if value is not None:
                         per_round[key].append(value)
         within = {key: (None if medians[key] is None else
@@ -378,13 +339,6 @@ def fmt_ratio(value: float | None) -> str:
     return "-" if value is None else f"x{value:.2f}"
 
 
-def _interrupt_on_sigterm() -> None:
-    """SIGTERM (e.g. from ``timeout``) as Ctrl-C, so that ``finally`` blocks stop the nodes."""
-    def _interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-    signal.signal(signal.SIGTERM, _interrupt)
-
-
 def _short(commit: str | None) -> str:
     """A tree's commit, short; a tree unpacked with ``git archive`` is no repository and has none."""
     return commit[:7] if commit else "an unversioned tree"
@@ -430,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
               f"alternating baseline and current runs", flush=True)
     results: list[dict[str, Any]] = []
     interrupted = False
-    _interrupt_on_sigterm()
+    interrupt_on_sigterm()
     try:
         pair = 0
         for round_no in range(1, args.runs + 1):

@@ -42,11 +42,11 @@ from hastandby.broker.store.journal import Journal
 from hastandby.broker.queues.queue import Queue
 from hastandby.broker.queues.registry import Registry
 from hastandby.broker.message.sections import HEADER_PREFIX
-from hastandby.testing import cexamples
+from hastandby.testing import cexamples, request
 from hastandby.testing.provenance import host_info
 
-from .ha_throughput import CURRENT, start_nodes, _request
-from .throughput import DEFAULT_OUT, PHASES, Run, Settings, _measure
+from .ha_throughput import CURRENT, start_nodes
+from .throughput import DEFAULT_OUT, PHASES, Run, Settings, measure_phase
 
 GOAL = 1.05
 HEADERS = {
@@ -118,11 +118,11 @@ def node_cost(messages: int, rounds: int, logs: Path) -> dict[str, Any]:
         services = start_nodes(0, logs, f"node-r{round_no}")
         try:
             port = services[0].port  # type: ignore[attr-defined]
-            _request(port, "CREATE", "queue", "q", {"arguments": {"qpid.replicate": "all"}})
+            request(port, "CREATE", "queue", "q", {"arguments": {"qpid.replicate": "all"}})
             total = 0.0
             for figure in ("send", "receive"):
                 run = Run(round_no, "standalone", figure, "q", messages)
-                _measure(run, services[0], partial(PHASES[figure], settings, port, "q",
+                measure_phase(run, services[0], partial(PHASES[figure], settings, port, "q",
                                                    CURRENT.client_environment()))
                 if not run.ok or run.cpu_us_per_msg is None:
                     raise RuntimeError(f"node round {round_no} {figure} failed: {run.error}")

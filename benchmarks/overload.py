@@ -77,7 +77,7 @@ from typing import Any
 from hastandby.broker.admission.memory import LOW_FRACTION, parse_watermark
 from hastandby.client import ManagementClient, ManagementError
 from hastandby.testing import auth as _auth
-from hastandby.testing import cexamples
+from hastandby.testing import cexamples, fmt, interrupt_on_sigterm, median_or_none, output_tail, ratio, write_report
 from hastandby.testing.processes import Service, free_port, python_env
 from hastandby.testing.provenance import host_info, uncommitted_changes
 from hastandby.testing.waiting import wait_until
@@ -87,11 +87,6 @@ from .security import (
     PlainSaslClient,
     RawConnection,
     RawConnectionError,
-    fmt,
-    interrupt_on_sigterm,
-    median_or_none,
-    ratio,
-    write_report,
 )
 from .throughput import (
     DEFAULT_OUT,
@@ -101,9 +96,8 @@ from .throughput import (
     REPO_ROOT,
     Run,
     Settings,
-    _measure,
-    _progress,
-    _tail,
+    measure_phase,
+    print_run,
 )
 
 PARTS = ("watermark", "idle")
@@ -236,11 +230,11 @@ class Consumer(threading.Thread):
                 try:
                     run = self._client.wait(self.timeout)
                 except subprocess.TimeoutExpired as error:
-                    self.error = f"receive-bench timed out after {error.timeout:.0f} s: {_tail(error.output)}"
+                    self.error = f"receive-bench timed out after {error.timeout:.0f} s: {output_tail(error.output)}"
                     return
                 got = cexamples.received_count(run)
                 if run.returncode != 0 or got != count:
-                    self.error = f"receive-bench exit {run.returncode}, {got} of {count}: {_tail(run.stdout)}"
+                    self.error = f"receive-bench exit {run.returncode}, {got} of {count}: {output_tail(run.stdout)}"
                     return
                 self.received += count
         finally:
@@ -273,7 +267,7 @@ def _concurrent_reference(client: ManagementClient, port: int, count: int, batch
         consumer.stop()
     ok = sent.returncode == 0 and cexamples.sent_count(sent) == count and consumer.received == count
     return {"messages": count, "ok": ok, "producer_msg_per_s": count / sent.elapsed if ok else None,
-            "error": None if ok else f"sender: {_tail(sent.stdout)}; consumer: {consumer.error}"}
+            "error": None if ok else f"sender: {output_tail(sent.stdout)}; consumer: {consumer.error}"}
 
 
 def _wait_for_both(result: dict[str, Any], sender: cexamples.Client, receiver: Consumer, timeline: Sampler,
@@ -426,7 +420,7 @@ def watermark_part(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         result["sent_acknowledged"] = cexamples.sent_count(sent)
         result["received"] = receiver.received
         if sent.returncode != 0 or result["sent_acknowledged"] != messages:
-            result["problems"].append(f"sender exit {sent.returncode}: {_tail(sent.stdout)}")
+            result["problems"].append(f"sender exit {sent.returncode}: {output_tail(sent.stdout)}")
         if receiver.error or receiver.received != messages:
             result["problems"].append(f"receiver: {receiver.received:,} of {messages:,} received; {receiver.error}")
         time.sleep(3 * QUERY_INTERVAL)  # a last sample or two after the end
@@ -436,7 +430,7 @@ def watermark_part(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
             if not result["concurrent_reference"]["ok"]:
                 result["problems"].append(f"reference run: {result['concurrent_reference']['error']}")
     except subprocess.TimeoutExpired as error:
-        result["problems"].append(f"a client timed out after {error.timeout:.0f} s: {_tail(error.output)}")
+        result["problems"].append(f"a client timed out after {error.timeout:.0f} s: {output_tail(error.output)}")
     except (RuntimeError, ManagementError, OSError) as error:
         result["problems"].append(f"{type(error).__name__}: {error}")
     finally:
@@ -695,9 +689,9 @@ def idle_part(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
                 service, port = nodes[name]
                 queue = f"p-{uuid.uuid4().hex[:8]}"
                 run = Run(round_no, name, "send", queue, args.count)
-                _measure(run, service, partial(PHASES["send"], settings, port, queue,
+                measure_phase(run, service, partial(PHASES["send"], settings, port, queue,
                                                _auth.users().client_environment()))
-                _progress(run, args.runs)
+                print_run(run, args.runs)
                 result["runs"].append(vars(run))
                 with management(port) as client:
                     client.request("DELETE", "queue", queue)

@@ -59,16 +59,12 @@ medians, ratios, goals).  Exit code 1 if any figure failed.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import shutil
-import signal
 import socket
 import ssl
-import statistics
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -95,14 +91,24 @@ from hastandby.security.pipe import ClientPipe, PipeError
 from hastandby.security.sasl import SaslClient
 from hastandby.security.tls import TlsLayer
 from hastandby.testing import auth as _auth
-from hastandby.testing import cexamples
+from hastandby.testing import (
+    cexamples,
+    fmt,
+    interrupt_on_sigterm,
+    median_or_none,
+    ratio,
+    request,
+    wait_answering,
+    wait_state,
+    write_report,
+)
 from hastandby.testing.certs import SERVER_NAME, SUBJECT, Certificates, make_certificates
 from hastandby.testing.clients import PlainSaslClient
 from hastandby.testing.processes import Service, free_port, python_env
 from hastandby.testing.provenance import host_info, uncommitted_changes
 from spark_analysis.phases import nearest_rank
 
-from .ha_throughput import _request, _wait_answering, _wait_state, ack_latency
+from .ha_throughput import ack_latency
 from .throughput import (
     DEFAULT_OUT,
     FIGURES,
@@ -111,8 +117,8 @@ from .throughput import (
     REPO_ROOT,
     Run,
     Settings,
-    _measure,
-    _progress,
+    measure_phase,
+    print_run,
 )
 
 PARTS = ("tls", "ha", "setup")
@@ -125,37 +131,6 @@ CONNECT_TIMEOUT = 10.0
 
 
 # -- shared with benchmarks.overload ---------------------------------------------------------------
-
-
-def interrupt_on_sigterm() -> Callable[[], None]:
-    """SIGTERM (e.g. from ``timeout``) as Ctrl-C, so that ``finally`` blocks stop our processes; returns the undo."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def _interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    return lambda: signal.signal(signal.SIGTERM, previous)
-
-
-def median_or_none(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
-def ratio(mine: float | None, reference: float | None) -> float | None:
-    return mine / reference if mine is not None and reference else None
-
-
-def fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def write_report(out: Path, name: str, started: datetime, report: dict[str, Any]) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{name}-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    return path
 
 
 class RawConnectionError(Exception):
@@ -308,8 +283,8 @@ def tls_round(round_no: int, settings: Settings, certs: Certificates, logs: Path
                 if figure == "receive" and not runs[(transport, "send")].ok:
                     run.error = "not run: the send figure that fills its queue failed"
                 else:
-                    _measure(run, service, partial(PHASES[figure], settings, target_port, run.queue, env))
-                _progress(run, settings.runs)
+                    measure_phase(run, service, partial(PHASES[figure], settings, target_port, run.queue, env))
+                print_run(run, settings.runs)
     except (RuntimeError, TimeoutError) as error:
         for run in runs.values():
             if not run.ok and run.error is None:
@@ -391,9 +366,9 @@ def start_pair(config: str, certs: Certificates, logs: Path, tag: str) -> list[S
             service.port = ports[index]  # type: ignore[attr-defined]
             services.append(service)
         for service in services:
-            _wait_answering(service, service.port)  # type: ignore[attr-defined]
-        _request(ports[0], "PROMOTE")
-        _wait_state(ports[1], "backup")
+            wait_answering(service, service.port)  # type: ignore[attr-defined]
+        request(ports[0], "PROMOTE")
+        wait_state(ports[1], "backup")
     except BaseException:
         for service in services:
             service.stop()
@@ -415,16 +390,16 @@ def ha_round(config: str, round_no: int, settings: Settings, latency_messages: i
     primary, backup = services
     port = primary.port  # type: ignore[attr-defined]
     try:
-        result["backup_primary_url"] = _request(backup.port, "STATUS").get("primary")  # type: ignore[attr-defined]
+        result["backup_primary_url"] = request(backup.port, "STATUS").get("primary")  # type: ignore[attr-defined]
         if str(result["backup_primary_url"]).startswith("amqps://") != (config == "tls-peers"):
             raise RuntimeError(f"{config}: the backup names its primary {result['backup_primary_url']!r}")
         for name in (run.queue, f"lat-{tag}"):
-            _request(port, "CREATE", "queue", name, {"arguments": {"qpid.replicate": "all"}})
+            request(port, "CREATE", "queue", name, {"arguments": {"qpid.replicate": "all"}})
         backup_cpu = backup.cpu_seconds()
-        _measure(run, primary, partial(PHASES["send"], settings, port, run.queue, _auth.users().client_environment()))
+        measure_phase(run, primary, partial(PHASES["send"], settings, port, run.queue, _auth.users().client_environment()))
         if run.ok:
             result["backup_cpu_us_per_msg"] = (backup.cpu_seconds() - backup_cpu) / run.messages * 1e6
-        _progress(run, settings.runs)
+        print_run(run, settings.runs)
         result["ack_latency"] = ack_latency(port, f"lat-{tag}", latency_messages)
         lat = result["ack_latency"]
         print(f"round {round_no}/{settings.runs}  {config:<11} ack latency p50 {lat['p50_ms']:.2f} ms "

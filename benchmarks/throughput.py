@@ -73,7 +73,7 @@ from typing import Any
 
 from hastandby.client import ManagementClient
 from hastandby.testing import auth as _auth
-from hastandby.testing import cexamples
+from hastandby.testing import cexamples, fmt, output_tail, ratio
 from hastandby.testing.paths import repo, results_dir
 from hastandby.testing.processes import LOOPBACK, Service, free_port, python_env
 from hastandby.testing.provenance import host_info
@@ -223,35 +223,29 @@ class ClientFailure(Exception):
     """A client exited badly, timed out, or moved a wrong number of messages."""
 
 
-def _tail(text: str | bytes | None, lines: int = 5) -> str:
-    if isinstance(text, bytes):
-        text = text.decode(errors="replace")
-    return " | ".join((text or "").strip().splitlines()[-lines:]) or "(no output)"
-
-
-def _check_send(run: cexamples.ClientRun, count: int) -> None:
+def check_send(run: cexamples.ClientRun, count: int) -> None:
     """Raise ClientFailure unless the sender exited 0 with all ``count`` messages accepted."""
     sent = cexamples.sent_count(run)
     if run.returncode != 0 or sent != count:
-        raise ClientFailure(f"send exit {run.returncode}, acknowledged {sent} of {count}: {_tail(run.stdout)}")
+        raise ClientFailure(f"send exit {run.returncode}, acknowledged {sent} of {count}: {output_tail(run.stdout)}")
 
 
-def _check_receive(run: cexamples.ClientRun, count: int) -> None:
+def check_receive(run: cexamples.ClientRun, count: int) -> None:
     """Raise ClientFailure unless the receiver exited 0 with exactly ``count`` messages."""
     received = cexamples.received_count(run)
     if run.returncode != 0 or received != count:
-        raise ClientFailure(f"receive exit {run.returncode}, received {received} of {count}: {_tail(run.stdout)}")
+        raise ClientFailure(f"receive exit {run.returncode}, received {received} of {count}: {output_tail(run.stdout)}")
 
 
 def _send(settings: Settings, port: int, queue: str, env: dict[str, str] | None) -> None:
     run = cexamples.run_send(LOOPBACK, port, queue, settings.count, settings.body_size, settings.client_timeout,
                              env=env)
-    _check_send(run, settings.count)
+    check_send(run, settings.count)
 
 
 def _receive(settings: Settings, port: int, queue: str, env: dict[str, str] | None) -> None:
     run = cexamples.run_receive(LOOPBACK, port, queue, settings.count, settings.client_timeout, env=env)
-    _check_receive(run, settings.count)
+    check_receive(run, settings.count)
 
 
 def _concurrent(settings: Settings, port: int, queue: str, env: dict[str, str] | None) -> None:
@@ -260,8 +254,8 @@ def _concurrent(settings: Settings, port: int, queue: str, env: dict[str, str] |
     sender: cexamples.Client | None = None
     try:
         sender = cexamples.start_send(LOOPBACK, port, queue, settings.count, settings.body_size, env=env)
-        _check_send(sender.wait(settings.client_timeout), settings.count)
-        _check_receive(receiver.wait(settings.client_timeout), settings.count)
+        check_send(sender.wait(settings.client_timeout), settings.count)
+        check_receive(receiver.wait(settings.client_timeout), settings.count)
     finally:
         receiver.kill()
         if sender is not None:
@@ -276,14 +270,14 @@ PHASES: dict[str, Callable[[Settings, int, str, dict[str, str] | None], None]] =
 """How each figure is produced; "receive" drains the queue "send" filled."""
 
 
-def _measure(run: Run, service: Service, action: Callable[[], None]) -> None:
+def measure_phase(run: Run, service: Service, action: Callable[[], None]) -> None:
     """Time ``action`` and charge the broker's CPU delta to ``run``; record any failure."""
     cpu_before = service.cpu_seconds()
     started = time.monotonic()
     try:
         action()
     except subprocess.TimeoutExpired as err:
-        run.error = f"client timed out after {err.timeout:.0f} s: {_tail(err.output)}"
+        run.error = f"client timed out after {err.timeout:.0f} s: {output_tail(err.output)}"
     except ClientFailure as err:
         run.error = str(err)
     elapsed = time.monotonic() - started
@@ -314,7 +308,7 @@ def measure_round(target: Target, round_no: int, settings: Settings, logs: Path)
     except (OSError, RuntimeError, TimeoutError) as err:
         for run in everything:
             run.error = f"broker did not start: {err}"
-            _progress(run, settings.runs)
+            print_run(run, settings.runs)
         return everything
     try:
         for kind in kinds:
@@ -327,15 +321,15 @@ def measure_round(target: Target, round_no: int, settings: Settings, logs: Path)
             except Exception as err:  # noqa: BLE001 - a queue that cannot be declared fails its figures
                 for run in runs.values():
                     run.error = f"queue not declared: {err}"
-                    _progress(run, settings.runs)
+                    print_run(run, settings.runs)
                 continue
             for figure in FIGURES:
                 run = runs[figure]
                 if figure == "receive" and not runs["send"].ok:
                     run.error = "not run: the send figure that fills its queue failed"
                 else:
-                    _measure(run, service, partial(PHASES[figure], settings, port, run.queue, env))
-                _progress(run, settings.runs)
+                    measure_phase(run, service, partial(PHASES[figure], settings, port, run.queue, env))
+                print_run(run, settings.runs)
     finally:
         service.stop()
     return everything
@@ -374,7 +368,7 @@ def measure_memory(target: Target, settings: Settings, logs: Path) -> dict[str, 
             chunk = min(RSS_CHUNK, remaining)
             run = cexamples.run_send(LOOPBACK, port, queue, chunk, settings.body_size, chunk_timeout,
                                      env=target.client_env)
-            _check_send(run, chunk)
+            check_send(run, chunk)
             remaining -= chunk
         after = service.rss_bytes()
         result.update(
@@ -385,7 +379,7 @@ def measure_memory(target: Target, settings: Settings, logs: Path) -> dict[str, 
             rss_bytes_per_message=(after - before) / settings.rss_messages,
         )
     except subprocess.TimeoutExpired as err:
-        result["error"] = f"sender timed out after {err.timeout:.0f} s: {_tail(err.output)}"
+        result["error"] = f"sender timed out after {err.timeout:.0f} s: {output_tail(err.output)}"
     except ClientFailure as err:
         result["error"] = str(err)
     finally:
@@ -393,7 +387,7 @@ def measure_memory(target: Target, settings: Settings, logs: Path) -> dict[str, 
     return result
 
 
-def _progress(run: Run, rounds: int) -> None:
+def print_run(run: Run, rounds: int) -> None:
     kind = "" if run.kind == "plain" else f" [{run.kind}]"
     head = f"round {run.round}/{rounds}  {run.target:<10} {run.figure:<10}{kind}"
     if run.ok:
@@ -427,7 +421,7 @@ def summarize(runs: list[Run], targets: list[Target]) -> tuple[dict[str, Any], d
                 continue
             ratios[f"{target.name}/{REFERENCE.name}"] = {
                 figure: {
-                    key: _ratio(medians[target.name][figure][key], ref[figure][key])
+                    key: ratio(medians[target.name][figure][key], ref[figure][key])
                     for key in ("msg_per_s", "cpu_us_per_msg")
                 }
                 for figure in FIGURES
@@ -456,7 +450,7 @@ def summarize_kinds(runs: list[Run], targets: list[Target]) -> dict[str, Any]:
         for kind in kinds:
             for figure in FIGURES:
                 plain, this = mine.get("plain", {}).get(figure, {}), mine[kind][figure]
-                this["vs_plain"] = {key: _ratio(this[key], plain.get(key)) for key in ("msg_per_s", "cpu_us_per_msg")}
+                this["vs_plain"] = {key: ratio(this[key], plain.get(key)) for key in ("msg_per_s", "cpu_us_per_msg")}
         result[target.name] = mine
     return result
 
@@ -476,9 +470,9 @@ def compare_baseline(runs: list[Run]) -> dict[str, Any]:
             entry[key] = {
                 "current": statistics.median(cur) if cur else None,
                 "baseline": statistics.median(base) if base else None,
-                "ratio_of_medians": _ratio(statistics.median(cur) if cur else None,
+                "ratio_of_medians": ratio(statistics.median(cur) if cur else None,
                                            statistics.median(base) if base else None),
-                "per_round": [_ratio(getattr(pick["hastandby"][n], key), getattr(pick["baseline"][n], key))
+                "per_round": [ratio(getattr(pick["hastandby"][n], key), getattr(pick["baseline"][n], key))
                               for n in rounds],
             }
         result[figure] = entry
@@ -497,8 +491,8 @@ def print_kinds(by_kind: dict[str, Any], baseline: dict[str, Any] | None) -> Non
                 m = figures[figure]
                 vs = m["vs_plain"]
                 failed = f" [{m['failed_runs']} FAILED]" if m["failed_runs"] else ""
-                cells.append((f"{_fmt(m['msg_per_s'], ',.0f')} ({_fmt(m['cpu_us_per_msg'], '.1f')}) "
-                              f"x{_fmt(vs['msg_per_s'], '.2f')}/cpu x{_fmt(vs['cpu_us_per_msg'], '.2f')}{failed}").rjust(36))
+                cells.append((f"{fmt(m['msg_per_s'], ',.0f')} ({fmt(m['cpu_us_per_msg'], '.1f')}) "
+                              f"x{fmt(vs['msg_per_s'], '.2f')}/cpu x{fmt(vs['cpu_us_per_msg'], '.2f')}{failed}").rjust(36))
             print(f"{kind:<16}" + "".join(cells))
     if baseline:
         print("\nplain queues, hastandby/baseline: ratio of medians [per round]")
@@ -506,18 +500,10 @@ def print_kinds(by_kind: dict[str, Any], baseline: dict[str, Any] | None) -> Non
             parts = []
             for key, label in (("cpu_us_per_msg", "cpu us/msg"), ("msg_per_s", "msg/s")):
                 e = entry[key]
-                rounds = ", ".join(_fmt(r, ".2f") for r in e["per_round"])
-                parts.append(f"{label} {_fmt(e['current'], ',.1f')} vs {_fmt(e['baseline'], ',.1f')}: "
-                             f"x{_fmt(e['ratio_of_medians'], '.2f')} [{rounds}]")
+                rounds = ", ".join(fmt(r, ".2f") for r in e["per_round"])
+                parts.append(f"{label} {fmt(e['current'], ',.1f')} vs {fmt(e['baseline'], ',.1f')}: "
+                             f"x{fmt(e['ratio_of_medians'], '.2f')} [{rounds}]")
             print(f"  {figure:<11} " + "; ".join(parts))
-
-
-def _ratio(mine: float | None, reference: float | None) -> float | None:
-    return mine / reference if mine is not None and reference else None
-
-
-def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
 
 
 def print_table(medians: dict[str, Any], ratios: dict[str, Any], memory: list[dict[str, Any]]) -> None:
@@ -531,10 +517,10 @@ def print_table(medians: dict[str, Any], ratios: dict[str, Any], memory: list[di
         for name in names:
             m = medians[name][figure]
             failed = f" [{m['failed_runs']} FAILED]" if m["failed_runs"] else ""
-            cells.append(f"{_fmt(m['msg_per_s'], ',.0f')} ({_fmt(m['cpu_us_per_msg'], '.1f')}){failed}".rjust(28))
-        for ratio in ratios.values():
-            r = ratio[figure]
-            cells.append(f"x{_fmt(r['msg_per_s'], '.2f')} (cpu x{_fmt(r['cpu_us_per_msg'], '.2f')})".rjust(32))
+            cells.append(f"{fmt(m['msg_per_s'], ',.0f')} ({fmt(m['cpu_us_per_msg'], '.1f')}){failed}".rjust(28))
+        for by_figure in ratios.values():
+            r = by_figure[figure]
+            cells.append(f"x{fmt(r['msg_per_s'], '.2f')} (cpu x{fmt(r['cpu_us_per_msg'], '.2f')})".rjust(32))
         print(f"{figure:<12}" + "".join(cells))
     for mem in memory:
         if mem["ok"]:

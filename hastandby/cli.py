@@ -7,6 +7,7 @@ stderr and a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import json
+import math
 import signal
 import sys
 import time
@@ -15,6 +16,7 @@ from typing import Any
 
 import click
 
+from hastandby import settings
 from hastandby.broker.vocabulary import LEVELS
 from hastandby.client import Login, ManagementClient, ManagementError, read_password, redirected
 from hastandby.connect_timeout import CONNECT_TIMEOUT
@@ -158,6 +160,63 @@ def _etcd_settings(endpoints: str | None, ca_file: str | None, cert_file: str | 
         raise click.BadParameter(str(error), param_hint="--etcd") from None
 
 
+# -- the HA settings as options --------------------------------------------------------------
+# Each option of settings.py's table takes its default, range and help from its entry: a value out of range
+# is click's usage error (exit code 2) naming the option and the range, never a traceback further on.
+
+
+class _FiniteFloatRange(click.FloatRange):
+    """``FloatRange`` that also refuses nan and inf, which pass its comparisons or mean nothing here."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        converted = super().convert(value, param, ctx)
+        if not math.isfinite(converted):
+            self.fail(f"{converted} is not a finite number.", param, ctx)
+        return converted
+
+
+class _SettingName(click.types.StringParamType):
+    """A name checked against its entry (``settings.CLUSTER``: non-empty, no '/')."""
+
+    def __init__(self, setting: settings.Setting[str]) -> None:
+        self.setting = setting
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return self.setting.check(str(super().convert(value, param, ctx)))
+        except settings.SettingError:
+            self.fail(f"{value!r} is not {self.setting.describe()}.", param, ctx)
+
+
+def setting_type(setting: settings.Setting[Any]) -> click.ParamType[Any, Any]:
+    """The click type that holds ``setting``'s range: ``IntRange``, ``FloatRange`` (finite), ``Choice``, a name."""
+    if setting.choices:
+        return click.Choice(setting.choices)
+    if isinstance(setting.default, str):
+        return _SettingName(setting)
+    if isinstance(setting.default, int):
+        return click.IntRange(min=None if setting.min is None else math.ceil(setting.min),
+                              max=None if setting.max is None else math.floor(setting.max), min_open=setting.min_open)
+    return _FiniteFloatRange(min=setting.min, max=setting.max, min_open=setting.min_open)
+
+
+def setting_option(setting: settings.Setting[Any], *decls: str, default: bool = True,
+                   help: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A click option for ``setting`` (``--name``, or ``decls``): its type, default and help from the table;
+    ``default=False``: no default (None), for an option whose default depends on others (``--heartbeat``)."""
+    return click.option(*(decls or (setting.option,)), type=setting_type(setting),
+                        default=setting.default if default else None, show_default=default,
+                        help=help if help is not None else setting.help)
+
+
+def _checked(check: Callable[[], None], *options: str) -> None:
+    """A check across options (``settings.check_local_ports``): its ``SettingError`` as a usage error."""
+    try:
+        check()
+    except settings.SettingError as error:
+        raise click.UsageError(f"{' / '.join(options)}: {error}") from None
+
+
 # -- serve -----------------------------------------------------------------------
 
 
@@ -171,26 +230,21 @@ def _etcd_settings(endpoints: str | None, ca_file: str | None, cert_file: str | 
 @click.option("--max-message-size", type=click.IntRange(min=0), default=64 * 1024 * 1024, show_default=True,
               help="largest message accepted, in bytes (0: no limit)")
 @click.option("--no-auto-create", is_flag=True, help="refuse links to unknown addresses instead of creating queues")
-@click.option("--heartbeat", type=click.FloatRange(min=0),
-              help="idle timeout advertised to peers, seconds; 0 is off [60; 2 with --ha-cluster]")
+@setting_option(settings.HEARTBEAT, default=False,
+                help=f"{settings.HEARTBEAT.help} [{settings.STANDALONE_HEARTBEAT.default:g}; "
+                     f"{settings.HEARTBEAT.default:g} with --ha-cluster]")
 @click.option("--ha-cluster", is_flag=True, help="run as a member of a hot-standby cluster (starts connecting)")
 @click.option("--brokers-url", default="", help="every member's HOST:PORT, comma-separated")
 @click.option("--public-url", help="the HOST:PORT clients and peers know this node by (default: --listen)")
-@click.option("--backup-timeout", type=click.FloatRange(min=0), default=10.0, show_default=True,
-              help="seconds a new primary waits for an expected backup to reconnect")
+@setting_option(settings.BACKUP_TIMEOUT)
 @click.option("--client-redirect", is_flag=True,
               help="a backup closes client connections with amqp:connection:redirect to the primary")
-@click.option("--client-refusal", type=click.Choice(["abort", "forced"]), default="abort", show_default=True,
-              help="how a backup turns clients away otherwise: drop the connection (clients with a URL list "
-                   "move on) or an AMQP close with amqp:connection:forced naming the primary")
+@setting_option(settings.CLIENT_REFUSAL)
 @_etcd_options
-@click.option("--cluster", "cluster_name", default="hastandby", show_default=True, help="cluster name in etcd")
+@setting_option(settings.CLUSTER, "--cluster", "cluster_name")
 @click.option("--node-id", help="this node's id (default: kept in --data-dir, or random)")
-@click.option("--lease-ttl", type=click.IntRange(min=1), default=2, show_default=True,
-              help="etcd lease TTL, seconds: a dead primary is replaced after about this long")
-@click.option("--min-sync", type=click.IntRange(min=1), default=2, show_default=True,
-              help="with etcd: nodes (the primary included) that must hold a message before it is acknowledged; "
-                   "fewer reachable, and producers wait (at most the size of --brokers-url)")
+@setting_option(settings.LEASE_TTL)
+@setting_option(settings.MIN_SYNC)
 @click.option("--users-file", type=click.Path(dir_okay=False, path_type=Path),
               help="users and their salted secrets [default: DATA_DIR/users.json] (hastandby user add)")
 @click.option("--allow-anonymous/--no-allow-anonymous", default=False,
@@ -232,8 +286,7 @@ def _etcd_settings(endpoints: str | None, ca_file: str | None, cert_file: str | 
 @click.option("--on-role-change", metavar="COMMAND",
               help="run COMMAND ROLE CLUSTER TERM (HASTANDBY_ROLE, _CLUSTER, _TERM, _NODE_ID in its environment) "
                    "on every role change, in order, off the reactor thread (docs/lifecycle.md section 14)")
-@click.option("--on-role-change-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
-              help="seconds one --on-role-change call may take; it is killed after that")
+@setting_option(settings.ON_ROLE_CHANGE_TIMEOUT)
 def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, replicate: str | None,
           max_message_size: int, no_auto_create: bool, heartbeat: float | None, ha_cluster: bool,
           brokers_url: str, public_url: str | None, backup_timeout: float, client_redirect: bool,
@@ -268,7 +321,7 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
     if etcd:
         ha_cluster = True
     if heartbeat is None:
-        heartbeat = 2.0 if ha_cluster else 60.0
+        heartbeat = settings.HEARTBEAT.default if ha_cluster else settings.STANDALONE_HEARTBEAT.default
     try:
         peer_password = read_password(peer_password_file) if peer_password_file else None
     except ManagementError as error:
@@ -303,7 +356,8 @@ def serve(listen: str, data_dir: Path | None, log_format: str, log_level: str, r
     try:
         node = Node(config)
         dr = DisasterRecovery(node, config_store(data_dir, etcd, cluster_name),
-                              public_url or config.peer_address, heartbeat=min(heartbeat, 2.0) or 2.0)
+                              public_url or config.peer_address,
+                              heartbeat=min(heartbeat, settings.HEARTBEAT.default) or settings.HEARTBEAT.default)
         if ha_cluster:
             from hastandby.ha.node import HaConfig, HaNode
 
@@ -962,11 +1016,10 @@ _CLUSTER_DIR = click.option("--dir", "directory", type=click.Path(file_okay=Fals
 
 @cluster.command("up")
 @_CLUSTER_DIR
-@click.option("--nodes", type=click.IntRange(min=1), default=3, show_default=True)
-@click.option("--base-port", type=click.IntRange(1, 65000), default=5672, show_default=True,
-              help="first node's AMQP port; the others follow")
-@click.option("--etcd-port", type=click.IntRange(1, 65000), default=2379, show_default=True)
-@click.option("--lease-ttl", type=click.IntRange(min=1), default=2, show_default=True)
+@setting_option(settings.LOCAL_NODES)
+@setting_option(settings.LOCAL_BASE_PORT)
+@setting_option(settings.LOCAL_ETCD_PORT)
+@setting_option(settings.LEASE_TTL)
 @click.option("--foreground", is_flag=True, help="stay until Ctrl-C, then stop everything")
 @click.option("--on-role-change", metavar="COMMAND", help="every node's serve --on-role-change")
 @click.option("--virtual-ip", metavar="ADDRESS/PREFIX",
@@ -978,6 +1031,7 @@ def cluster_up(directory: Path, nodes: int, base_port: int, etcd_port: int, leas
     """Start etcd and the nodes (each under serve --supervise); print their URLs, states and PIDs."""
     from hastandby import local_cluster
 
+    _checked(lambda: settings.check_local_ports(nodes, base_port, etcd_port), "--nodes", "--base-port", "--etcd-port")
     # In the foreground, what this command starts it stops: on Ctrl-C, on SIGTERM (timeout, a service
     # manager, a container stop), and when the start fails half way; never a cluster that was already running.
     ours = foreground and not local_cluster.running(directory)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hastandby import settings
 from hastandby.client import Login, ManagementClient, ManagementError, read_password
 from hastandby.local_processes import Started, alive, spawn, stop_all
 from hastandby.security.credentials import Credentials
@@ -119,12 +120,21 @@ def _state_words(status: dict[str, Any] | None) -> str:
     return str(status["state"]) + (f" ({status['detail']})" if status.get("detail") else "")
 
 
-def up(directory: Path, nodes: int = 3, base_port: int = 5672, etcd_port: int = 2379,
-       lease_ttl: int = 2, timeout: float = 60.0, serve_args: Sequence[str] = ()) -> dict[str, Any]:
+def up(directory: Path, nodes: int = settings.LOCAL_NODES.default, base_port: int = settings.LOCAL_BASE_PORT.default,
+       etcd_port: int = settings.LOCAL_ETCD_PORT.default, lease_ttl: int = settings.LEASE_TTL.default,
+       timeout: float = 60.0, serve_args: Sequence[str] = ()) -> dict[str, Any]:
     """Start etcd and ``nodes`` nodes; returns the state written to ``cluster.json``.
 
-    ``serve_args`` go to every node's ``serve`` (e.g. ``--on-role-change``, ``--virtual-ip``).
+    ``serve_args`` go to every node's ``serve`` (e.g. ``--on-role-change``, ``--virtual-ip``).  The numbers
+    are checked against ``settings`` first (``ClusterError``).
     """
+    try:
+        for setting, value in ((settings.LOCAL_NODES, nodes), (settings.LOCAL_BASE_PORT, base_port),
+                               (settings.LOCAL_ETCD_PORT, etcd_port), (settings.LEASE_TTL, lease_ttl)):
+            setting.check(value)
+        settings.check_local_ports(nodes, base_port, etcd_port)
+    except settings.SettingError as error:
+        raise ClusterError(str(error)) from None
     directory = directory.resolve()
     if running(directory):
         raise ClusterError(f"a cluster is already running from {directory} (hastandby cluster down)")

@@ -33,6 +33,7 @@ from typing import Any, Callable
 import structlog
 from proton import Condition, Connection, Endpoint, Event, Link, Terminus
 
+from hastandby import settings
 from hastandby.broker.queues import lineage
 from hastandby.broker.message import sections
 from hastandby.broker.queues.completion import Completion
@@ -63,9 +64,9 @@ from hastandby.replication.codec import (
     decode_counts,
     decode_dequeues,
     decode_message_ids,
-    encode_control,
     link_properties,
 )
+from hastandby.replication import control
 from hastandby.broker.transport.address import split_hostport
 from hastandby.security.pipe import ClientSecurity
 
@@ -103,7 +104,7 @@ class ReplicaLink:
         fence: Fence,
         me: ReplicaIdentity,  # this node as a replica, for the source's logs and status
         save: Callable[[ReplicationConfig], None],
-        heartbeat: float = 2.0,
+        heartbeat: float = settings.HEARTBEAT.default,
         security: ClientSecurity | None = None,
     ) -> None:
         self.config = config
@@ -178,11 +179,7 @@ class ReplicaLink:
         self.driver.register(link, self)
         link.open()
         pn_link_flow(self._impl, CREDIT_WINDOW)
-        ack = session.sender(f"hastandby.dr-ack:{config.queue}:{config.key}")
-        ack.target.address = ACK_ADDRESS
-        ack.snd_settle_mode = Link.SND_SETTLED
-        ack.open()
-        self._ack_link = ack
+        self._ack_link = control.open_sender(session, f"hastandby.dr-ack:{config.queue}:{config.key}", ACK_ADDRESS)
         self._pending.clear()
         self._stored.clear()
         self._through = self._acked = 0
@@ -390,10 +387,7 @@ class ReplicaLink:
             self._ack_timer = self.driver.schedule(ACK_INTERVAL, self._send_ack)
             return
         self._acked = self._through
-        delivery = ack.delivery(str(self._acked))  # the same tag bytes: proton encodes a str tag as UTF-8
-        ack.send(encode_control(Ack(self._acked).to_wire()))
-        ack.advance()
-        delivery.settle()
+        control.send(ack, b"%d" % self._acked, Ack(self._acked).to_wire())
 
     def flow(self) -> None:
         pass

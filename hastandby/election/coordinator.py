@@ -19,8 +19,8 @@ from the proton reactor thread, and they raise ``CoordinatorError`` when etcd
 cannot do what was asked.
 
 The lease queries are the same arithmetic whatever keeps the lease:
-``LeasedCoordinator`` holds it once, with the one set of defaults
-(``LEASE_TTL``, ``LEASE_MARGIN``), and asks its subclass (``EtcdCoordinator``,
+``LeasedCoordinator`` holds it once, with the one set of defaults and
+ranges (``settings.LEASE_TTL``, ``settings.LEASE_MARGIN``), and asks its subclass (``EtcdCoordinator``,
 the tests' fake) only for what differs, through abstract ``_`` methods, as
 Patroni's ``AbstractDCS`` does.
 """
@@ -32,16 +32,10 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Protocol
 
+from hastandby import settings
 from hastandby.election.cluster import ClusterSnapshot, Store
 from hastandby.lifecycle.states import NodeStatus
 
-#: Shortest lease etcd grants with its default 1000 ms election timeout.
-MIN_LEASE_TTL = 2
-#: Seconds a node's lease lives without a refresh, as requested (etcd may grant more): ``serve --lease-ttl``.
-LEASE_TTL = 2
-#: Seconds before the earliest server-side expiry of its lease at which a primary must have stepped down: it
-#: covers the node loop's reaction, excluding clients, and clock-rate differences.
-LEASE_MARGIN = 0.5
 
 
 class CoordinatorEvent(StrEnum):
@@ -138,16 +132,15 @@ class LeasedCoordinator(ABC):
     """The lease bookkeeping every coordinator shares: its checks, its defaults, and the lease queries.
 
     ``lease_ttl``: requested TTL in whole seconds.  ``lease_margin``: how long before the earliest possible
-    server-side expiry a primary must already have stepped down (``LEASE_MARGIN``).  A subclass keeps the lease
+    server-side expiry a primary must already have stepped down (``settings.LEASE_MARGIN``); both are checked
+    against ``settings`` (``SettingError``, a ``ValueError``).  A subclass keeps the lease
     itself and answers ``_lease_ttl``, ``_confirmed_at`` and ``_now``; the public queries of ``Coordinator``
     (``safe_lease_age``, ``lease_confirmed_within``, ``last_lease_confirmation``) are computed here only.
     """
 
-    def __init__(self, lease_ttl: int = LEASE_TTL, lease_margin: float = LEASE_MARGIN) -> None:
-        if lease_ttl < MIN_LEASE_TTL:
-            raise ValueError(f"lease_ttl must be at least {MIN_LEASE_TTL} s")
-        if not 0 < lease_margin < lease_ttl * 2 / 3:
-            raise ValueError("lease_margin must be positive and leave at least TTL/3 of safe age")
+    def __init__(self, lease_ttl: int = settings.LEASE_TTL.default,
+                 lease_margin: float = settings.LEASE_MARGIN.default) -> None:
+        settings.check_lease(lease_ttl, lease_margin)  # the CLI checked them already: the last line of defence
         self._requested_ttl = lease_ttl
         self._margin = lease_margin
 

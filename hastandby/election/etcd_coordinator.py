@@ -67,9 +67,8 @@ from hastandby.election.etcd_client import (
     increment_last_byte,
     txn,
 )
+from hastandby import settings
 from hastandby.election.coordinator import (
-    LEASE_MARGIN,
-    LEASE_TTL,
     CoordinatorError,
     CoordinatorEvent,
     CoordinatorUnavailable,
@@ -129,8 +128,8 @@ class EtcdCoordinator(LeasedCoordinator):
         url: str,
         notify: Notify,
         *,
-        lease_ttl: int = LEASE_TTL,
-        lease_margin: float = LEASE_MARGIN,
+        lease_ttl: int = settings.LEASE_TTL.default,
+        lease_margin: float = settings.LEASE_MARGIN.default,
         request_timeout: float = 1.0,
         fence: Fence | None = None,
         on_lease: Callable[[int], None] | None = None,

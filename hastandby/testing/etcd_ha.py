@@ -15,11 +15,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from hastandby import settings
 from hastandby.testing.cluster import NodeGroup
 from hastandby.testing.etcd import EtcdServer
 from hastandby.testing.nodes import NodeProcess
 
-TTL = 2  # --lease-ttl: the shortest lease etcd grants with its default election timeout
+TTL = settings.MIN_LEASE_TTL  # --lease-ttl: the shortest lease etcd grants with its default election timeout
 POLL = 0.02  # seconds between status polls while timing a failover
 
 

@@ -4,6 +4,9 @@ After Patroni's ``dcs/``: the node loop programs against ``Coordinator``
 (``hastandby/election/coordinator.py``); ``EtcdCoordinator`` is the real one,
 ``FakeCoordinator`` a second one with the same semantics on a ``FakeCluster``
 that several coordinators (nodes) share.  No I/O, no threads, no real time.
+``coordinator_conformance.py`` holds both to the same checks (the unit tests
+run them on this one, the integration tests on etcd): where they differ, this
+one is wrong.
 
 What is modelled, as ``EtcdCoordinator`` does it on etcd:
 
@@ -27,15 +30,20 @@ What is modelled, as ``EtcdCoordinator`` does it on etcd:
   "server" drops the lease with every key under it.  ``partition`` also makes
   every other call of that node raise ``CoordinatorUnavailable`` (cut off
   from etcd); ``heal`` undoes both.  The handover key has a lease of its own
-  that is never refreshed.  ``revoke_lease`` drops the lease and its keys.
+  that is never refreshed.  ``revoke_lease`` drops the lease and its keys;
+  ``close`` stops the keepalive without revoking (a crash as etcd sees it:
+  the keys go a TTL later), and a closed coordinator makes way for a new one
+  of the same node (a restart).
 * ``notify``: ``CLUSTER_CHANGED`` to every watching, reachable coordinator
-  after each write, ``LEASE_UNCONFIRMED`` once when a frozen lease passes the
+  after each write and to a watching one when ``heal``ed (its watch, back,
+  may have missed changes), ``LEASE_UNCONFIRMED`` once when a frozen lease passes the
   safe age, ``LEASE_LOST`` when a node learns that its lease is gone.
 
 What is not: latency (a refresh is confirmed when sent, and the server sees
 it at once), etcd raising a short TTL, several etcd endpoints, failures of
 single calls other than a whole partition, unreadable keys, and
-``time.monotonic()`` (``last_lease_confirmation`` is on the fake clock).
+``time.monotonic()`` (``last_lease_confirmation`` is on the fake clock, so it
+keeps no broker ``Fence``).
 """
 
 from __future__ import annotations
@@ -58,9 +66,8 @@ from hastandby.election.cluster import (
     encode_member,
     encode_sync,
 )
+from hastandby import settings
 from hastandby.election.coordinator import (
-    LEASE_MARGIN,
-    LEASE_TTL,
     Coordinator,
     CoordinatorError,
     CoordinatorEvent,
@@ -138,6 +145,8 @@ class FakeCluster:
         coordinator = self._coordinators.get(node_id)
         if coordinator is not None:
             coordinator._keepalive_answered()
+            if coordinator.watching:  # the watch is established again: it may have missed changes
+                coordinator._tell(CoordinatorEvent.CLUSTER_CHANGED)
 
     # -- what the test reads -------------------------------------------------------------------
 
@@ -176,7 +185,8 @@ class FakeCluster:
     # -- etcd, for FakeCoordinator ----------------------------------------------------------------
 
     def _attach(self, coordinator: FakeCoordinator) -> None:
-        if coordinator.node_id in self._coordinators:
+        previous = self._coordinators.get(coordinator.node_id)
+        if previous is not None and not previous.closed:  # a closed one: the node restarted, as etcd allows
             raise ValueError(f"node {coordinator.node_id} already has a coordinator on this cluster")
         self._coordinators[coordinator.node_id] = coordinator
 
@@ -243,7 +253,7 @@ class FakeCoordinator(LeasedCoordinator):
 
     def __init__(
         self, cluster: FakeCluster, node_id: str, url: str, notify: Notify, *,
-        lease_ttl: int = LEASE_TTL, lease_margin: float = LEASE_MARGIN,
+        lease_ttl: int = settings.LEASE_TTL.default, lease_margin: float = settings.LEASE_MARGIN.default,
     ) -> None:
         super().__init__(lease_ttl, lease_margin)
         cluster.keys.member(node_id)  # validates the id
@@ -275,6 +285,7 @@ class FakeCoordinator(LeasedCoordinator):
         lease, self._lease = self._lease, None
         if lease is None:
             return
+        lease.owner = None  # forgotten here, so no longer refreshed, even if the revoke does not reach etcd
         self.cluster._reach(self.node_id, "revoke lease")
         self.cluster._drop_lease(lease)
 
@@ -286,7 +297,7 @@ class FakeCoordinator(LeasedCoordinator):
 
     def _check_confirmation(self) -> None:
         """The keepalive thread's report when the safe age passes without a confirmed refresh."""
-        if self._lease is None or self._unconfirmed_reported:
+        if self._lease is None or self._unconfirmed_reported or self.closed:
             return
         if not self.lease_confirmed_within(self.safe_lease_age):
             self._unconfirmed_reported = True
@@ -295,7 +306,7 @@ class FakeCoordinator(LeasedCoordinator):
     def _keepalive_answered(self) -> None:
         """etcd answered a refresh: the lease is confirmed, or (it is gone) forgotten."""
         lease = self._lease
-        if lease is None:
+        if lease is None or self.closed:
             return
         if lease.alive:
             lease.refreshed_at = self.cluster.now
@@ -382,6 +393,8 @@ class FakeCoordinator(LeasedCoordinator):
         self.calls.append("close")
         self.watching = False
         self.closed = True
+        if self._lease is not None:  # the keepalive stops: the lease and its keys expire a TTL later
+            self._lease.owner = None
 
     def _tell(self, event: CoordinatorEvent) -> None:
         self.events.append(event)

@@ -15,7 +15,10 @@ test runs the queue with ``run_reactor()`` when it chooses, so it can look
 at the moment between a decision and the role change it causes.  Replication
 is not modelled either: the test fires ``CONNECTED_TO_PRIMARY``,
 ``CAUGHT_UP`` and the like itself, and sets ``wanted_sync`` for what a
-primary's replication would want as its sync set.
+primary's replication would want as its sync set (through the node's
+``SyncRequest``, as ``PrimaryRole`` does); what etcd confirms is recorded
+in ``confirmed_sync``.  Its ``Standing`` (``lifecycle/standing.py``) is
+``HaNode``'s: the same rules decide what halts it.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hastandby.election.cluster import Leader, Store
+from hastandby.election.sync_request import SyncRequest
 from hastandby.lifecycle.effects import RoleEffects, perform
 from hastandby.election.loop import ElectedNode, ElectionLoop
+from hastandby.lifecycle.standing import Standing
 from hastandby.lifecycle.states import (
     Action,
     Event,
@@ -32,12 +37,7 @@ from hastandby.lifecycle.states import (
     NodeStatus,
     State,
     Transition,
-    initial_status,
-    next_status,
 )
-
-# As HaNode's: a refusal of these is an answer (an older primary, an election won too late), not a broken role.
-REFUSABLE = (Event.CONNECTED_TO_PRIMARY, Event.WON_ELECTION, Event.WON_ELECTION_NEW_CLUSTER)
 
 
 class FakeHaNode:
@@ -45,30 +45,58 @@ class FakeHaNode:
 
     def __init__(self, node_id: str, status: NodeStatus | None = None, store: Store = Store()) -> None:
         self._node_id = node_id
-        self.status: NodeStatus = status if status is not None else initial_status(clustered=True)
+        self.standing = Standing(holds_data=store.holds_data)
+        if status is not None:
+            self.standing.status = status
         self.leader: Leader | None = None
         self.store: Store = store
-        self.wanted_sync: frozenset[str] | None = None  # reported as sync_wanted while primary
+        self.sync = SyncRequest(self.call_soon_threadsafe)
+        self._wanted_sync: frozenset[str] | None = None
         self.election: ElectionLoop | None = None
         self.reactor: list[Callable[[], None]] = []
         self.effects: list[Action] = []  # every action performed, in order
         self.transitions: list[Transition] = []
         self.refused: list[IllegalTransition] = []
-        self.halted: str | None = None  # as HaNode: an illegal transition that is not an answer
         self.followed: list[Leader] = []
-        self.expected: frozenset[str] | None = None  # the sync members of the last election won
         self.confirmed_sync: list[tuple[int, frozenset[str]]] = []
-        self.admitting = False
+
+    @property
+    def status(self) -> NodeStatus:
+        return self.standing.status
+
+    @property
+    def halted(self) -> str | None:
+        """As HaNode's: why an illegal transition that is not an answer halted it."""
+        return self.standing.halted
+
+    @property
+    def admitting(self) -> bool:
+        return self.standing.admitting
+
+    @property
+    def expected(self) -> frozenset[str]:
+        """The other sync members of the last election won, which a new primary guards for."""
+        return self.sync.won_with
+
+    @property
+    def wanted_sync(self) -> frozenset[str] | None:
+        return self._wanted_sync
+
+    @wanted_sync.setter
+    def wanted_sync(self, members: frozenset[str] | None) -> None:
+        """What a primary's replication wants as the sync set (``PrimaryRole`` wants it through ``sync``)."""
+        self._wanted_sync = members
+        if members is None:
+            self.sync.withdraw()
+            return
+        term = self.status.term
+        self.sync.want(term, members, lambda confirmed: self.confirmed_sync.append((term, confirmed)))
 
     # -- ElectedNode ----------------------------------------------------------------------------
 
     @property
     def node_id(self) -> str:
         return self._node_id
-
-    @property
-    def sync_wanted(self) -> frozenset[str] | None:
-        return self.wanted_sync if self.status.state is State.PRIMARY else None
 
     def call_soon_threadsafe(self, fn: Callable[[], None]) -> None:
         self.reactor.append(fn)
@@ -82,24 +110,13 @@ class FakeHaNode:
         return ran
 
     def fire(self, event: Event, term: int | None = None) -> bool:
-        try:
-            transition = next_status(self.status, event, term)
-        except IllegalTransition as error:
-            self.refused.append(error)
-            if event not in REFUSABLE:
-                self.halted = str(error)
+        transition = self.standing.fire(event, term)
+        if isinstance(transition, IllegalTransition):
+            self.refused.append(transition)
             return False
-        self.status = transition.status
         self.transitions.append(transition)
         perform(transition.actions, self)
         return True
-
-    def won(self, event: Event, term: int, expected: frozenset[str]) -> bool:
-        self.expected = expected
-        return self.fire(event, term)
-
-    def sync_confirmed(self, term: int, members: frozenset[str]) -> None:
-        self.confirmed_sync.append((term, members))
 
     def follow(self, leader: Leader) -> None:
         if self.status.state is State.PRIMARY:
@@ -111,11 +128,11 @@ class FakeHaNode:
 
     def exclude_clients(self) -> None:
         self.effects.append(Action.EXCLUDE_CLIENTS)
-        self.admitting = False
+        self.standing.admit(False)
 
     def admit_clients(self) -> None:
         self.effects.append(Action.ADMIT_CLIENTS)
-        self.admitting = True
+        self.standing.admit(True)
 
     def stop_replication(self) -> None:
         self.effects.append(Action.STOP_REPLICATION)
@@ -128,6 +145,7 @@ class FakeHaNode:
 
     def stop_serving_backups(self) -> None:
         self.effects.append(Action.STOP_SERVING_BACKUPS)
+        self.sync.withdraw()  # as a primary's replication does when it stops
 
     def resign(self) -> None:
         self.effects.append(Action.RESIGN)

@@ -38,6 +38,7 @@ from typing import Any
 from hastandby.client import Login, ManagementClient, ManagementError
 from hastandby.election.cluster import ClusterKeys, Member, decode_member, decode_sync
 
+from hastandby import settings
 from hastandby.testing import auth as _auth
 from hastandby.testing.disks import Ext4Loop, flip
 from hastandby.testing.etcd import EtcdServer
@@ -48,7 +49,7 @@ from hastandby.testing.status_poller import StatusPoller
 
 NODE_PORT = 5672  # every node has a namespace, hence an address, of its own
 VIRTUAL_IP_HOST = 100  # a virtual IP is 10.78.N.100 (hosts are .10 and up)
-LEASE_TTL = 2
+LEASE_TTL = settings.LEASE_TTL.default
 QUEUE = "nemesis"
 START_TIMEOUT = 40.0  # etcd up, one primary, every other node its backup
 STOP_GRACE = 5.0

@@ -1,6 +1,8 @@
 """EtcdCoordinator against a real etcd server: elections, expiry, handover, outages.
 
-No mocks: every test runs etcd (hastandby/testing/etcd.py).  Without an etcd
+No mocks: every test runs etcd (hastandby/testing/etcd.py).  The conformance
+checks that ``FakeCoordinator`` passes too (``hastandby/testing/coordinator_conformance.py``,
+``tests/unit/test_coordinator_conformance.py``) run here first, on etcd.  Without an etcd
 binary these tests fail with a message saying how to install one; they never
 skip.  Timings are printed (``pytest -s``) and bounded by assertions.
 """
@@ -24,6 +26,7 @@ from hastandby.election.coordinator import CoordinatorEvent
 from hastandby.election.etcd_coordinator import EtcdCoordinator
 from hastandby.election.decide import Campaign, decide
 from hastandby.lifecycle.states import NodeStatus, State, next_status
+from hastandby.testing import COORDINATOR_CHECKS, etcd_world
 from hastandby.testing.etcd import EtcdServer
 
 pytestmark = pytest.mark.etcd
@@ -156,6 +159,13 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> floa
             return time.monotonic()
         time.sleep(0.02)
     raise AssertionError(f"not within {timeout} s: {what}")
+
+
+@pytest.mark.parametrize("check", COORDINATOR_CHECKS, ids=lambda check: check.__name__)
+def test_etcd_coordinator_conforms(etcd: EtcdServer, check: Callable[..., None]) -> None:
+    """The checks the fake passes, on etcd: each in a cluster of its own, each node behind a proxy it can be
+    cut off by."""
+    check(lambda: etcd_world(etcd.client_url))
 
 
 def test_exactly_one_racing_candidate_wins_and_its_term_is_the_key_revision(
