@@ -28,7 +28,8 @@ from hastandby.broker.admission.limits import Limits
 from hastandby.broker.management import Management
 from hastandby.broker.admission.memory import DEFAULT_FRACTION, LOW_FRACTION, SAMPLE_INTERVAL, total_ram
 from hastandby.broker.queues.registry import Registry
-from hastandby.broker.server import BrokerHandler, Refusal
+from hastandby.broker.hooks import NodeHooks, Refusal, StandaloneHooks
+from hastandby.broker.server import BrokerHandler
 from hastandby.broker.store.wiring import WiringStore
 from hastandby.files import write_atomically
 from hastandby.security.acl import Acl, AclError
@@ -95,11 +96,11 @@ class NodeConfig:
 
 
 class Node:
-    """A standalone broker node (HA wraps it with its own roles)."""
+    """A standalone broker node (HA wraps it with its own roles, through ``use_hooks``)."""
 
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
-        self.state = "standalone"
+        self.hooks: NodeHooks = StandaloneHooks()
         self.node_id = self._node_id()
         self.started = time.time()
         self.registry = Registry(config.replicate, config.auto_create, scheduler=self.schedule)
@@ -139,7 +140,6 @@ class Node:
         self.peer_security = ClientSecurity(config.peer_user, config.peer_password,
                                             config.tls.client_context() if config.peer_tls else None)
         self.status_extras: list[Callable[[], dict[str, Any]]] = []
-        self.shutdown_refusal = Refusal(Condition("amqp:connection:forced", "node shutting down"))
         self.blocking = BlockingCalls(self.call_soon_threadsafe)  # etcd and peers, off the reactor thread
         self.on_start: list[Callable[[], None]] = []
         self.on_stop: list[Callable[[], object]] = []
@@ -166,6 +166,16 @@ class Node:
         if not path.exists():
             write_atomically(path, uuidlib.uuid4().hex[:12] + "\n")
         return path.read_text().strip()
+
+    def use_hooks(self, hooks: NodeHooks) -> None:
+        """What the layer above decides for this node (``broker/hooks.py``): given once, before it runs."""
+        self.hooks = hooks
+        self.handler.use_hooks(hooks)
+
+    @property
+    def state(self) -> str:
+        """The node's role as STATUS shows it: ``standalone``, or what its hooks say."""
+        return self.hooks.state
 
     # -- reactor-thread services ---------------------------------------------------
 
@@ -260,7 +270,7 @@ class Node:
                 log.exception("stop hook failed")
         for listener in self._listeners:
             listener.close()
-        self.handler.close_all(self.shutdown_refusal)
+        self.handler.close_all(self.hooks.shutdown_refusal())
         self._finish_once_closed(time.monotonic() + SHUTDOWN_GRACE)
 
     def _finish_once_closed(self, deadline: float) -> None:

@@ -7,13 +7,11 @@ keeps serving everyone else.
 
 Hooks for the layers above (the core knows nothing of HA):
 
-- ``admission(connection) -> Refusal | None``: refuse a connection at open
-  (a backup refuses clients).
-- ``open_properties(connection) -> dict | None``: the connection properties
-  of the Open frame sent to an admitted connection (HA's
-  ``failover-server-list``).
-- ``attach_hooks``: each may claim an incoming attach before the default
-  handling (HA's replicating subscriptions).
+- ``hooks`` (``hooks.NodeHooks``, given once with ``use_hooks``): admission
+  at open (a backup refuses clients), the Open frame's properties (HA's
+  ``failover-server-list``), and how a fenced producer is turned away.
+- ``claim_links(hook)``: each hook may claim an incoming attach before the
+  default handling (HA's replicating subscriptions, DR's sources).
 - ``authority`` (``authority.py``): every attach is checked against it
   (consume, browse, publish, create on an unknown address), as are
   management requests (in ``management.py``).
@@ -28,7 +26,6 @@ from __future__ import annotations
 import collections
 import functools
 import uuid as uuidlib
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import structlog
@@ -48,6 +45,7 @@ from hastandby.security.sasl import Principal
 from hastandby.broker.admission.authority import Authority, principal_of
 from hastandby.broker.admission.backlog import Backlog
 from hastandby.broker.transport.driver import Driver, link_name
+from hastandby.broker.hooks import AttachHook, NodeHooks, Refusal, StandaloneHooks
 from hastandby.broker.errors import BrokerError, InvalidArgument, ResourceLimitExceeded, ResourceLocked
 from hastandby.broker.queues.exchange import Exchange
 from hastandby.broker.admission.fence import Fence
@@ -62,24 +60,6 @@ from hastandby.broker.transport.peer import properties as peer_properties
 from hastandby.broker.queues.queue import Queue
 from hastandby.broker.queues.registry import REPLICATE, Node, Registry, queue_settings
 
-
-@dataclass(frozen=True)
-class Refusal:
-    """How a connection is turned away.
-
-    With ``abort`` the transport is dropped without an AMQP open or close (the
-    peer sees the connection abort), which is what makes python-qpid-proton
-    clients move on to the next URL of their list: after an AMQP close they
-    give up, and after an AMQP open they restart at the list's first URL.
-    Without it, an AMQP open and a close carrying ``condition``.
-    """
-
-    condition: Condition
-    abort: bool = False
-
-
-Admission = Callable[[Connection], "Refusal | None"]
-AttachHook = Callable[[Link], Any]
 
 log = structlog.get_logger("hastandby.server")
 
@@ -132,15 +112,12 @@ class BrokerHandler(Handler):
         self._per_user: collections.Counter[str] = collections.Counter()
         self.container_id = "hastandby"
         self.driver: Driver = Driver(self)
-        self.admission: Admission = lambda connection: None
-        self.open_properties: Callable[[Connection], "dict[Any, Any] | None"] = lambda connection: None
+        self.hooks: NodeHooks = StandaloneHooks()
         self.fence = Fence()
         self.memory = MemoryAlarm(high=2**62)  # the node sets its watermark and samples it
         self.memory.listeners.append(self._memory_changed)
         self._starved: set[IncomingLink] = set()
-        self.fenced_refusal: Callable[[], Refusal] = lambda: Refusal(
-            Condition("amqp:connection:forced", "this node may not take messages now"))
-        self.attach_hooks: list[AttachHook] = []
+        self._link_claims: list[AttachHook] = []
         self.connections: set[Connection] = set()
 
     def _memory_changed(self, blocked: bool) -> None:
@@ -152,13 +129,21 @@ class BrokerHandler(Handler):
         for link in starved:
             link.refill()
 
+    def use_hooks(self, hooks: NodeHooks) -> None:
+        """The layer above's answers (``hooks.NodeHooks``); given once, before the node serves."""
+        self.hooks = hooks
+
+    def claim_links(self, hook: AttachHook) -> None:
+        """``hook`` may claim each incoming attach, after those registered before it and before the default."""
+        self._link_claims.append(hook)
+
     @property
     def authority(self) -> Authority:
         return self.management.authority
 
     def fenced(self, connection: Connection) -> None:
         """A producer sent past the fence: end its connection so that it goes to the next node."""
-        refusal = self.fenced_refusal()
+        refusal = self.hooks.fenced_refusal()
         log.warning("fenced: ending a producer's connection", reason=refusal.condition.description)
         self.close_connection(connection, refusal)
 
@@ -203,7 +188,7 @@ class BrokerHandler(Handler):
             connection.open()
             self._end(connection, Refusal(Condition(error.condition, str(error))))
             return
-        refusal = self.admission(connection)
+        refusal = self.hooks.admit(connection)
         if refusal is not None:
             log.info("connection refused", container=connection.remote_container,
                      reason=refusal.condition.description, abort=refusal.abort)
@@ -223,7 +208,7 @@ class BrokerHandler(Handler):
             connection.open()
             self._end(connection, Refusal(Condition(error.condition, str(error))))
             return
-        properties = self.open_properties(connection)
+        properties = self.hooks.open_properties(connection)
         if properties:
             connection.properties = properties
         connection.open()
@@ -396,7 +381,7 @@ class BrokerHandler(Handler):
         peer_properties(link, "link properties")
         peer_address(link.remote_source, "source address")
         peer_address(link.remote_target, "target address")
-        for hook in self.attach_hooks:
+        for hook in self._link_claims:
             endpoint = hook(link)
             if endpoint is not None:
                 return endpoint

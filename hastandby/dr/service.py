@@ -28,6 +28,7 @@ from hastandby.broker.errors import (
     NotAllowed,
     NotFound,
 )
+from hastandby import settings
 from hastandby.broker.management import Deferred, Request
 from hastandby.node import Node
 
@@ -49,7 +50,8 @@ class StoreUnavailable(BrokerError):
 class DisasterRecovery:
     """Both sides of per-queue DR replication for one node."""
 
-    def __init__(self, node: Node, store: ConfigStore, url: str, heartbeat: float = 2.0) -> None:
+    def __init__(self, node: Node, store: ConfigStore, url: str,
+                 heartbeat: float = settings.HEARTBEAT.default) -> None:
         self.node = node
         self.store = store
         self.url = url
@@ -58,7 +60,7 @@ class DisasterRecovery:
         self.source = DrSource(node.registry, node.driver, node.authority)
         self.replicas: dict[str, ReplicaLink] = {}
         self._pending: set[str] = set()  # replications whose configuration is being stored
-        node.handler.attach_hooks.append(self._attach)
+        node.handler.claim_links(self._attach)
         node.management.register("REPLICATE", self._replicate)
         node.management.register("REPLICATE-STOP", self._replicate_stop)
         node.management.guards.append(self._guard)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from hastandby import settings
 from hastandby.lifecycle.states import Detail, NodeStatus, State
 
 ROOT = "/hastandby"
@@ -42,8 +43,7 @@ class ClusterKeys:
     cluster: str
 
     def __post_init__(self) -> None:
-        if not self.cluster or "/" in self.cluster:
-            raise ValueError(f"cluster name must be non-empty without '/': {self.cluster!r}")
+        settings.CLUSTER.check(self.cluster)  # a SettingError (ValueError): non-empty, without '/'
 
     @property
     def prefix(self) -> str:
@@ -137,6 +137,12 @@ class ClusterSnapshot:
     def in_sync(self, node_id: str) -> bool:
         """May ``node_id`` be elected?  Without a sync key (none written yet) every node may."""
         return self.sync is None or node_id in self.sync.members
+
+    def ready_to_take_over(self, me: str) -> list[str]:
+        """The other members that could take over from ``me`` now: caught-up backups of the sync set whose
+        journal is not damaged, sorted."""
+        return sorted(m.node_id for m in self.members if m.state is State.BACKUP and m.node_id != me
+                      and self.in_sync(m.node_id) and not m.store.damaged)
 
     def live_sync_members(self) -> frozenset[str]:
         """Sync members whose member key says they are caught-up backups (alive, reachable by etcd)."""

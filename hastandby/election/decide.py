@@ -133,7 +133,7 @@ def decide(
     ``snapshot`` is None when etcd could not be read this cycle.
     ``lease_confirmed`` is ``Coordinator.lease_confirmed_within(safe age)``.
     ``following`` is the leader the node's replication currently points at.
-    ``sync_wanted`` is, on a primary, the sync set its replication wants.
+    ``sync_wanted`` is, on a primary, the sync set its replication wants (``sync_request.py``, step 2).
     ``store`` is what the node says of its messages in its member key.
     """
     if status.state not in _CLUSTER_STATES:

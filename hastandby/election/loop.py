@@ -20,12 +20,13 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Callable, Protocol, assert_never
+from typing import TYPE_CHECKING, Any, Callable, Protocol, assert_never
 
 import structlog
 
 from hastandby.election.cluster import ClusterSnapshot, Leader, Store
 from hastandby.election.coordinator import Coordinator, CoordinatorError, CoordinatorEvent
+from hastandby.election.sync_request import SyncRequest
 from hastandby.election.decide import (
     Campaign,
     ClearHandover,
@@ -40,23 +41,27 @@ from hastandby.election.decide import (
 )
 from hastandby.lifecycle.states import Event, NodeStatus, State
 
+if TYPE_CHECKING:
+    from hastandby.broker.admission.fence import Fence
+    from hastandby.election.etcd_client import EtcdSettings
+
 log = structlog.get_logger("hastandby.election")
 
 LOOP_WAIT = 0.5  # seconds between cycles when nothing happens
 
 
 class ElectedNode(Protocol):
-    """What the loop needs of the HA node (read from this thread, acted on via the reactor)."""
+    """What the loop needs of the HA node (``HaNode``; read from this thread, acted on via the reactor)."""
 
     @property
     def node_id(self) -> str: ...
 
-    status: NodeStatus
     leader: Leader | None
+    sync: SyncRequest  # the --min-sync round trip (sync_request.py): read and answered from this thread
+
     @property
-    def sync_wanted(self) -> frozenset[str] | None:
-        """On a primary, the sync set its replication wants (``cluster.py``); None otherwise."""
-        ...
+    def status(self) -> NodeStatus: ...
+
     @property
     def store(self) -> Store:
         """What the node says of its messages in its member key (``cluster.Store``)."""
@@ -66,19 +71,18 @@ class ElectedNode(Protocol):
 
     def fire(self, event: Event, term: int | None = None) -> bool: ...
 
-    def won(self, event: Event, term: int, expected: frozenset[str]) -> bool:
-        """Fire ``event`` for a won election, guarding for the ``expected`` sync members."""
-        ...
-
-    def sync_confirmed(self, term: int, members: frozenset[str]) -> None:
-        """etcd now holds ``members`` as the sync set, written by this node as primary of ``term``."""
-        ...
-
     def follow(self, leader: Leader) -> None: ...
 
 
 class ElectionLoop:
-    """Runs the decision cycle for one node against its coordinator."""
+    """Runs the decision cycle for one node against its coordinator, on a thread of its own.
+
+    Contract: the node makes calls on it from its reactor thread (``start``, ``wake``, ``request``,
+    ``hand_over``, ``hand_over_to_a_ready_backup``, ``force_sync``, ``stop``), the coordinator's threads on
+    ``notify``.  The loop's own thread makes calls on the coordinator (etcd), reads the node's ``status``,
+    ``leader``, ``sync.wanted`` and ``store``, writes ``sync`` (``won``, ``written``), and calls the node back
+    only on the reactor thread, through ``call_soon_threadsafe`` (role changes, etcd's word on the sync set).
+    """
 
     def __init__(self, node: ElectedNode, coordinator: Coordinator, loop_wait: float = LOOP_WAIT) -> None:
         self.node = node
@@ -130,6 +134,15 @@ class ElectionLoop:
                 self._again.append(write)
 
         self.request(write)
+
+    def hand_over_to_a_ready_backup(self, ttl: int) -> str | None:
+        """A primary whose journal cannot write: name a backup that can take over (``ClusterSnapshot
+        .ready_to_take_over``, as the loop last read etcd) the handover target; which one, or None."""
+        snapshot = self.snapshot
+        ready = snapshot.ready_to_take_over(self.node.node_id) if snapshot is not None else []
+        if ready:
+            self.hand_over(ready[0], ttl=ttl)
+        return ready[0] if ready else None
 
     def force_sync(self, answer: Callable[[bool | CoordinatorError], None]) -> None:
         """``promote --force``: make the sync set this node alone while there is no leader; ``answer`` is told,
@@ -205,7 +218,7 @@ class ElectionLoop:
             snapshot,
             coordinator.lease_confirmed_within(coordinator.safe_lease_age),
             self.node.leader,
-            self.node.sync_wanted,
+            self.node.sync.wanted,
             self.node.store,
         )
         self._act(decision, status)
@@ -227,8 +240,8 @@ class ElectionLoop:
                 if term:
                     log.info("won the election", term=term, new_cluster=campaign.new_cluster,
                              sync=sorted(campaign.sync))
-                    expected = campaign.sync - {node.node_id}
-                    self._on_reactor(lambda: self._won(campaign.won_event, term, expected))
+                    node.sync.won(campaign.sync - {node.node_id})  # sync_request.py, step 0
+                    self._on_reactor(lambda: self._won(campaign.won_event, term))
             case FollowLeader(leader=leader):
                 self._on_reactor(lambda: node.follow(leader))
             case StepDown(event=event):
@@ -238,8 +251,8 @@ class ElectionLoop:
             case ClearHandover():
                 self._guarded(coordinator.clear_handover)
             case UpdateSync(members=members):
-                if self._guarded(lambda: coordinator.update_sync(status.term, members)):
-                    node.call_soon_threadsafe(lambda: node.sync_confirmed(status.term, members))
+                if self._guarded(lambda: coordinator.update_sync(status.term, members)):  # sync_request.py, step 3
+                    node.sync.written(status.term, members)
                     self._wake.set()  # the wanted set may have moved on meanwhile
             case _:
                 assert_never(decision)
@@ -257,8 +270,8 @@ class ElectionLoop:
 
         self.node.call_soon_threadsafe(run)
 
-    def _won(self, event: Event, term: int, expected: frozenset[str]) -> None:
-        if not self.node.won(event, term, expected):
+    def _won(self, event: Event, term: int) -> None:
+        if not self.node.fire(event, term):
             # The table refused (e.g. we started catching up meanwhile): give the key back.
             self.request(lambda: self.coordinator.resign(term))
 
@@ -269,3 +282,20 @@ class ElectionLoop:
         except CoordinatorError as error:
             log.warning("etcd request failed", error=str(error))
             return None
+
+
+def etcd_election(node: ElectedNode, etcd: EtcdSettings | str, cluster: str, url: str, *, lease_ttl: int,
+                  lease_margin: float, fence: Fence, on_lease: Callable[[int], None] | None) -> ElectionLoop:
+    """The election loop of ``node`` (known to the others as ``url``) over etcd, not started yet."""
+    from hastandby.election.etcd_coordinator import EtcdCoordinator  # gRPC and etcd3 load only for a node with --etcd
+
+    loop: ElectionLoop | None = None
+
+    def notify(event: CoordinatorEvent) -> None:
+        if loop is not None:
+            loop.notify(event)
+
+    coordinator = EtcdCoordinator(etcd, cluster, node.node_id, url, notify, lease_ttl=lease_ttl,
+                                  lease_margin=lease_margin, fence=fence, on_lease=on_lease)
+    loop = ElectionLoop(node, coordinator)
+    return loop

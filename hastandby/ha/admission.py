@@ -10,7 +10,8 @@ names every member, as ActiveMQ Artemis does, so clients learn where to fail
 over to.
 
 Policy only: what the node's role is comes from the ``ClusterRole`` it is
-given (``HaNode``), and the broker asks through the hooks ``HaNode`` wires up.
+given (``HaNode``).  ``ClientAdmission`` is the node's ``NodeHooks``
+(``broker/hooks.py``), which ``HaNode`` gives the node once.
 """
 
 from __future__ import annotations
@@ -21,13 +22,15 @@ import structlog
 from proton import Condition, Connection, int32, symbol
 
 from hastandby.broker.admission.authority import principal_of
-from hastandby.broker.server import Refusal
+from hastandby.broker.hooks import NodeHooks, Refusal
 from hastandby.ha.primary import backup_info
 from hastandby.broker.vocabulary import ADMIN_PROPERTY
 
 from hastandby.broker.transport.address import split_hostport
 from hastandby.node import Node
 
+from hastandby.ha.roles import Role
+from hastandby.lifecycle.standing import Standing
 from hastandby.lifecycle.states import NodeStatus
 
 log = structlog.get_logger("hastandby.ha")
@@ -39,28 +42,31 @@ error's info, with symbol keys and string values (the port an int)."""
 
 
 class ClusterRole(Protocol):
-    """What admission needs to know of the node's role."""
+    """What admission needs to know of the node: its standing (``lifecycle/standing.py``) and role."""
 
     url: str
-    status: NodeStatus
-    admitting: bool
+    standing: Standing
 
     @property
-    def is_primary(self) -> bool: ...
+    def status(self) -> NodeStatus: ...
 
     @property
-    def primary_url(self) -> str | None:
-        """The primary this node follows, if known."""
+    def role(self) -> Role:
+        """The role object (``roles.py``): the primary it follows, if known."""
         ...
 
     def member_addresses(self) -> list[str]: ...
 
 
 class ClientAdmission:
-    """The broker's admission, refusal and Open-frame hooks for a cluster node."""
+    """The broker's hooks (``broker/hooks.NodeHooks``) for a cluster node: admission, refusals, Open frame, state.
 
-    def __init__(self, role: ClusterRole, node: Node, redirect: bool, abort: bool) -> None:
-        self.role = role
+    Contract: the broker calls it on the reactor thread, as does ``HaNode`` (``close_clients``); it reads the
+    node's standing and role and closes connections through the broker's handler, and calls nothing else back.
+    """
+
+    def __init__(self, ha: ClusterRole, node: Node, redirect: bool, abort: bool) -> None:
+        self.ha = ha
         self.node = node
         self.redirect = redirect
         self.abort = abort
@@ -76,11 +82,22 @@ class ClientAdmission:
         principal, authority = principal_of(connection), self.node.authority
         return authority.is_admin(principal) or authority.is_cluster(principal)
 
+    @property
+    def state(self) -> str:
+        return str(self.ha.status.state)
+
+    def shutdown_refusal(self) -> Refusal:
+        """Clients of a stopping cluster node should go straight to the next one."""
+        return Refusal(Condition("amqp:connection:forced", "node shutting down"), abort=self.abort)
+
+    def fenced_refusal(self) -> Refusal:
+        return self.refusal()
+
     def refusal(self) -> Refusal:
         """How a client is turned away: redirect (if asked and known), forced close, or abort (default)."""
-        role = self.role
-        primary = role.primary_url
-        me = f"node {role.url} is {role.status.state}"
+        ha = self.ha
+        primary = ha.role.primary_url
+        me = f"node {ha.url} is {ha.status.state}"
         if self.redirect and primary:
             host, port = split_hostport(primary)
             info: dict[Any, Any] = {symbol("network-host"): host, symbol("port"): port, symbol("hostname"): host}
@@ -92,21 +109,21 @@ class ClientAdmission:
         """The broker's admission hook: None lets the connection in."""
         if self.is_admin(connection):
             return None
-        role = self.role
+        ha = self.ha
         info = backup_info(connection)
         if info is not None:
             principal = principal_of(connection)
             if not self.node.authority.is_cluster(principal):
-                log.warning("denied", user=principal.user, action="act as a backup", object=role.url)
+                log.warning("denied", user=principal.user, action="act as a backup", object=ha.url)
                 return Refusal(Condition("amqp:unauthorized-access",
                                          f"user {principal.user!r} is not in group 'cluster': "
                                          "it may not act as a backup"))
             if info.get("node_id") == self.node.node_id:
                 return Refusal(Condition("amqp:connection:forced", "a node does not replicate from itself"))
-            if role.is_primary:
+            if ha.standing.is_primary:
                 return None
-            return Refusal(Condition("amqp:connection:forced", f"node {role.url} is {role.status.state}, not the primary"))
-        return None if role.admitting and role.is_primary else self.refusal()
+            return Refusal(Condition("amqp:connection:forced", f"node {ha.url} is {ha.status.state}, not the primary"))
+        return None if ha.standing.admitting and ha.standing.is_primary else self.refusal()
 
     def close_clients(self) -> None:
         """Close every client connection (admins and backups stay), refusing it as a new one would be."""
@@ -120,7 +137,7 @@ class ClientAdmission:
         """Every member's client address (the brokers URL, or etcd's members), in Artemis's form."""
         scheme = "amqps" if self.node.config.peer_tls else "amqp"  # the brokers URL names TLS listeners then
         entries = []
-        for address in self.role.member_addresses():
+        for address in self.ha.member_addresses():
             host, port = split_hostport(address)
             entries.append({symbol("network-host"): host, symbol("port"): int32(port),
                             symbol("scheme"): scheme, symbol("hostname"): host})
@@ -128,6 +145,9 @@ class ClientAdmission:
 
     def open_properties(self, connection: Connection) -> dict[symbol, Any] | None:
         """The primary's Open frame names every member, so that clients learn where to fail over to."""
-        if not self.role.is_primary:
+        if not self.ha.standing.is_primary:
             return None
         return {FAILOVER_SERVER_LIST: self.failover_list()}
+
+
+_hooks: type[NodeHooks] = ClientAdmission  # mypy checks that it is the broker's NodeHooks

@@ -1,16 +1,21 @@
-"""Backup side of hot standby: find the primary, replicate its wiring and queues.
+"""Backup side of hot standby: the role of a node that is not primary, which *is* its replication (Qpid's Backup).
 
-One outgoing connection (cycling through the brokers URL until the primary
-takes it) carries the wiring link and one replicating browser per queue of
-level ``all``.  What happens is reported to the node loop, which owns the
-node's state: ``connected(term, hello)`` on the primary's hello,
-``members(list)`` on each membership update (that is how a backup learns it
-is ready), and ``lost(reason)`` when the primary goes away.
+``BackupRole`` finds the primary and replicates its wiring and queues: one
+outgoing connection (cycling through the brokers URL, or to etcd's leader,
+until the primary takes it) carries the wiring link and one replicating
+browser (``replicator.QueueReplicator``) per queue of level ``all``.  What
+happens is reported to the node loop, which owns the node's state:
+``connected(term, hello)`` on the primary's hello (False: the node refused
+that primary's term, and the role lets go of it), ``members(list)`` on each
+membership update (that is how a backup learns it is ready), and
+``lost(reason)`` when the primary goes away.  ``promote`` hands it to the
+primary it becomes, which gives it back when it steps down: what it last
+heard of the members, and whether its journal writes, are kept across roles.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import structlog
 from proton import Condition, Connection, Endpoint, Event, Link, Session
@@ -22,6 +27,8 @@ from hastandby.broker.transport.outbound import Outbound
 from hastandby.broker.queues.queue import Queue
 from hastandby.broker.queues.registry import Registry
 from hastandby.security.pipe import ClientSecurity
+from hastandby.election.cluster import Leader
+from hastandby.broker.transport.address import split_hostport
 from hastandby.ha.access_replica import ACCESS, AccessReplica
 from hastandby.ha.config_reconcile import WiringReplica
 
@@ -29,10 +36,10 @@ from hastandby.replication.codec import (
     BACKUP_PROPERTY,
     STORE_FAILED,
     ProtocolError,
-    encode_control,
     link_properties,
-    receive_controls,
 )
+from hastandby.replication import control
+from hastandby.replication.control import ControlReceiver
 from hastandby.ha.protocol import (
     HELLO,
     MEMBERS,
@@ -52,31 +59,35 @@ log = structlog.get_logger("hastandby.backup")
 PROGRESS_EVERY = 100_000  # messages of one queue between catch-up progress lines
 PROGRESS_INTERVAL = 1.0  # seconds between looks at the replicators' counters
 
+#: What QUERY shows of a role without backups to report on.
+_NO_HOLDS: dict[str, Any] = {"backups": {}, "quorum": {}, "waiting_for": None, "refusing": None}
 
-class WiringReceiver:
-    """The receiving end of the wiring stream."""
+Next = TypeVar("Next")
 
-    def __init__(self, replication: "BackupReplication") -> None:
+
+class WiringReceiver(ControlReceiver):
+    """The receiving end of the wiring stream (a control link): a message that is not the protocol, or a
+    failure, costs the whole connection to the primary (a fresh hello and snapshot), not only the link."""
+
+    def __init__(self, link: Link, replication: "BackupRole") -> None:
+        super().__init__(link, replication.wiring_message, log, "replication refused the primary's message")
         self.replication = replication
 
-    def on_delivery(self, impl: Any) -> None:
-        try:
-            receive_controls(impl, self.replication.wiring_message)
-        except ProtocolError as error:
-            self.replication.refuse(error)
-
-    def flow(self) -> None:
-        pass
+    def refuse(self, error: ProtocolError) -> None:
+        self.replication.refuse(error)
 
     def fail(self, error: Exception) -> None:
         self.replication.resync(f"wiring stream failed: {error}")
 
-    def close(self) -> None:
-        pass
 
+class BackupRole:
+    """Replicates one primary into the local registry while the node is not primary (connecting, catchup, backup).
 
-class BackupReplication:
-    """Replicates one primary into the local registry while the node is a backup."""
+    Contract: lives on the reactor thread.  ``HaNode`` makes calls on it (the table's ``stop_replication`` is
+    ``stop``, ``look_for_primary`` is ``start``; ``follow`` when etcd names the leader), and it calls the node
+    back only through ``on_connected``, ``on_members`` and ``on_lost``; the outbound connection and the
+    replicators make calls on it, but not vice-versa.
+    """
 
     def __init__(
         self,
@@ -87,10 +98,12 @@ class BackupReplication:
         term: Callable[[], int],
         container_id: str,
         heartbeat: float,
-        on_connected: Callable[[int, Hello], None],
+        on_connected: Callable[[int, Hello], bool],
         on_members: Callable[[int, list[PeerMember]], None],
         on_lost: Callable[[str], None],
         memory: MemoryAlarm,
+        check_admin_link: Callable[[Link], None],
+        is_admin: Callable[[Connection], bool],
         security: ClientSecurity | None = None,
         access: AccessReplica | None = None,
     ) -> None:
@@ -102,10 +115,12 @@ class BackupReplication:
         self.on_connected = on_connected
         self.on_members = on_members
         self.on_lost = on_lost
+        self._check_admin_link = check_admin_link
+        self._is_admin = is_admin
         self.replicators: dict[str, QueueReplicator] = {}
         self.replica = WiringReplica(registry, self._queue_replicated, self._queue_dropped)
         self.primary: PeerMember | None = None  # the primary followed (its hello's); None: none, or refused
-        self.members: list[PeerMember] = []  # as the primary followed last told them (kept across roles)
+        self.told_members: list[PeerMember] = []  # as the primary followed last told them (kept across roles)
         self.primary_term = 0
         self.not_storing: str | None = None  # why this node's journal cannot write; it replicates nothing meanwhile
         self.connection: Connection | None = None
@@ -121,7 +136,48 @@ class BackupReplication:
             security=security,
         )
 
+    # -- the role (Role in roles.py) ------------------------------------------------------
+
+    def attach(self, link: Link) -> Any:
+        """The broker's link claim: an admin may read a backup, not change what the primary replicates to it."""
+        if self._is_admin(link.connection):
+            self._check_admin_link(link)  # raises for what would change a replica
+        return None
+
+    def members(self) -> list[PeerMember]:
+        return self.told_members
+
+    def describe(self) -> dict[str, Any]:
+        return {"lag": {}, "lag_seconds": {}, "acks_held": dict(_NO_HOLDS), "not_storing": {}}
+
+    @property
+    def primary_url(self) -> str | None:
+        """The primary this node follows, if known (from its hello)."""
+        primary = self.primary
+        return (primary.url or None) if primary is not None else None
+
+    def promote(self, serve: Callable[["BackupRole"], Next]) -> Next:
+        """``start_guarding``: the primary ``serve`` starts, which comes back to this role when it steps down."""
+        return serve(self)
+
+    def step_down(self) -> BackupRole:
+        return self  # serves no backups
+
+    # -- the backup's own ------------------------------------------------------------------
+
+    def follow(self, leader: Leader, previous: Leader | None) -> None:
+        """etcd names ``leader`` the primary (``previous``: the one named before): replicate from it, and only it."""
+        log.info("leader from etcd", leader=leader.node_id, url=leader.url, term=leader.term)
+        if self.not_storing is not None:
+            return  # known, not followed: it replicates nothing until its journal writes again
+        outbound = self.outbound
+        if outbound.connected and outbound.address == split_hostport(leader.url):
+            return
+        if previous != leader or not outbound.connected:
+            outbound.redirect()
+
     def start(self) -> None:
+        """``look_for_primary``: look for the primary and replicate from it."""
         if self.not_storing is not None:
             log.warning("not looking for the primary: this node's journal cannot write", error=self.not_storing)
             return
@@ -131,6 +187,7 @@ class BackupReplication:
             self._progress_timer = self.driver.schedule(PROGRESS_INTERVAL, self._report_progress)
 
     def stop(self) -> None:
+        """``stop_replication``: stop replicating from the primary, keeping every replica."""
         if self._progress_timer is not None:
             self._progress_timer.cancel()
             self._progress_timer = None
@@ -181,14 +238,10 @@ class BackupReplication:
         link = session.receiver("qpid.ha-wiring")
         link.source.address = WIRING_ADDRESS
         link.target.address = WIRING_ADDRESS
-        self.driver.register(link, WiringReceiver(self))
+        self.driver.register(link, WiringReceiver(link, self))
         link.open()
         link.flow(100)
-        status = session.sender("qpid.ha-status")
-        status.target.address = STATUS_ADDRESS
-        status.snd_settle_mode = Link.SND_SETTLED
-        status.open()
-        self.status_link = status
+        self.status_link = control.open_sender(session, "qpid.ha-status", STATUS_ADDRESS)
         self._send_status()
 
     def memory_changed(self, blocked: bool) -> None:
@@ -200,10 +253,7 @@ class BackupReplication:
         if link is None or not link.state & Endpoint.LOCAL_ACTIVE:
             return
         self._status_seq += 1
-        delivery = link.delivery(f"s{self._status_seq}")
-        link.send(encode_control(BackupStatus(self.memory.local).to_wire()))
-        link.advance()
-        delivery.settle()
+        control.send(link, b"s%d" % self._status_seq, BackupStatus(self.memory.local).to_wire())
 
     def lost(self, reason: str) -> None:
         log.info("lost the primary", reason=reason, primary=self.primary.url if self.primary is not None else None)
@@ -256,9 +306,11 @@ class BackupReplication:
             hello = decode_hello(body)  # ProtocolError before anything is kept
             self.primary = hello.primary
             self.primary_term = hello.term
-            self.on_connected(self.primary_term, hello)
-            if self.primary is not None:  # the node loop may have refused the term
+            if self.on_connected(self.primary_term, hello):
                 self._members(self.primary_term, hello.members)
+            else:  # the node loop refused the term: an older primary
+                self.primary = None
+                self.resync(f"primary term {hello.term} is older than {self.term()}")
         elif kind == MEMBERS:
             term, members = decode_members_update(body)
             self._members(term, members)
@@ -275,7 +327,7 @@ class BackupReplication:
                 self.resync(str(error))
 
     def _members(self, term: int, members: list[PeerMember]) -> None:
-        self.members = list(members)
+        self.told_members = list(members)
         self.on_members(term, members)
 
     def _queue_replicated(self, queue: Queue) -> None:

@@ -10,7 +10,8 @@ query) but not change what the primary replicates to it.
 
 What it needs of the node is ``ManagedNode`` (``HaNode`` is the real one), as
 ``admission.ClusterRole`` and ``election.ElectedNode`` are for theirs: the
-status, the role object (``roles.Role``: its members and replication figures),
+standing (``lifecycle/standing.py``), the role object (``roles.Role``: the
+primary it follows, its members and replication figures),
 and the election loop's two operator requests (``OperatorElection``); it never
 touches the coordinator or a role's replication itself.
 """
@@ -23,6 +24,7 @@ from typing import Any, Protocol, assert_never
 import structlog
 from proton import Link, Terminus
 
+from hastandby import settings
 from hastandby.broker.errors import BrokerError, NotAllowed, NotPrimary
 from hastandby.broker.management import MUTATING, Deferred, Request
 from hastandby.broker.transport.address import Address
@@ -44,6 +46,7 @@ from hastandby.lifecycle.promotion import (
     plan_promotion,
 )
 from hastandby.ha.roles import Role
+from hastandby.lifecycle.standing import Standing
 from hastandby.lifecycle.states import Event, NodeStatus
 
 log = structlog.get_logger("hastandby.ha")
@@ -79,20 +82,15 @@ class ManagedNode(Protocol):
     """What the management hooks need of the cluster node (``HaNode``)."""
 
     url: str
-    status: NodeStatus
-    halted: str | None
+    standing: Standing
 
     @property
-    def is_primary(self) -> bool: ...
-
-    @property
-    def primary_url(self) -> str | None:
-        """The primary this node follows, if known."""
-        ...
+    def status(self) -> NodeStatus: ...
 
     @property
     def role(self) -> Role:
-        """The role object (``roles.py``): what QUERY shows of the members and the replication."""
+        """The role object (``roles.py``): the primary it follows, what QUERY shows of the members and the
+        replication."""
         ...
 
     @property
@@ -114,6 +112,11 @@ class ManagedNode(Protocol):
 class ClusterManagement:
     """The management hooks of one cluster node (``HaNode.management``).
 
+    Contract: the broker's management calls it on the reactor thread; it reads the node's standing and role and
+    fires events on the node, which never call it back.  It asks the election loop for a handover or a forced
+    sync set; the loop's thread answers the latter, and the answer is handed to the reactor
+    (``call_soon_threadsafe``) before it touches the reply.
+
     ``etcd``: the etcd endpoints the node was given, as STATUS shows them (None without etcd).
     """
 
@@ -133,7 +136,7 @@ class ClusterManagement:
         force = bool(request.body.get("force"))
         journal = self.node.journal
         damaged = journal.damage_summary() if journal is not None else None
-        plan = plan_promotion(ha.status, ha.halted, ha.election is not None, force, damaged)
+        plan = plan_promotion(ha.status, ha.standing.halted, ha.election is not None, force, damaged)
         match plan:
             case AlreadyPrimary():
                 return 200, {"state": "primary", "message": "already primary"}
@@ -187,7 +190,7 @@ class ClusterManagement:
         state = self.ha.status.state
         election = self.ha.election
         assert election is not None
-        election.hand_over(self.node.node_id, ttl=10)
+        election.hand_over(self.node.node_id, ttl=settings.HANDOVER_TTL.default)
         return 202, {"state": str(state), "message": "handover requested; the primary steps down"}
 
     def _force_start(self) -> Deferred:
@@ -261,10 +264,10 @@ class ClusterManagement:
             raise NotAllowed(f"{self.ha.url} is a backup: send to {address!r} on the primary")
 
     def guard(self, request: Request) -> None:
-        if self.ha.is_primary:
+        if self.ha.standing.is_primary:
             return
         if request.operation in CLUSTER_STATE:
-            primary = self.ha.primary_url
+            primary = self.ha.role.primary_url
             where = f"the primary, {self._reachable(primary)}" if primary else "the primary (none is known now)"
             raise NotPrimary(f"{self.ha.url} is a backup ({self.ha.status.state}): users and the ACL are "
                              f"cluster state, changed on {where}",
@@ -288,14 +291,14 @@ class ClusterManagement:
                              "on the primary")
 
     def status(self) -> dict[str, Any]:
-        primary = self.ha.url if self.ha.is_primary else self.ha.primary_url
+        primary = self.ha.url if self.ha.standing.is_primary else self.ha.role.primary_url
         return {
             "state": str(self.ha.status.state),
             "detail": str(self.ha.status.detail) if self.ha.status.detail else None,
             "term": self.ha.status.term,
             "primary": self._reachable(primary) if primary else None,
             "brokers": [self._reachable(a) for a in self.ha.member_addresses()],
-            "halted": self.ha.halted,
+            "halted": self.ha.standing.halted,
             "etcd": self.etcd,  # the endpoints
             "not_ready_because": self._not_ready_because(),
             **self._held(),
@@ -310,7 +313,7 @@ class ClusterManagement:
         """Why this node may not take over now although it is a cluster member, for ``status`` (None: no
         store reason)."""
         journal = self.node.journal
-        if self.ha.is_primary or journal is None:
+        if self.ha.standing.is_primary or journal is None:
             return None
         reasons = []
         if journal.full is not None:

@@ -1,7 +1,7 @@
-"""Primary side of hot standby: serving backups and guarding their messages.
+"""Primary side of hot standby: the primary's role, which *is* its replication (Qpid's Primary).
 
 One ``RemoteBackup`` per known backup (Qpid's RemoteBackup) holds its guards
-and tracks its catch-up; ``PrimaryReplication`` claims the backup's links
+and tracks its catch-up; ``PrimaryRole`` claims the backup's links
 (the wiring link and one replicating browser per queue), guards every new
 replicated queue for every known backup from birth, and keeps the
 membership every backup is told about.
@@ -19,7 +19,8 @@ elected.  ``sync_wanted`` is what it should be: this node, the expected
 backups and the ready ones.  A backup in it that goes away (its connection
 drops, or an expected one never comes) is *leaving*: its guards keep holding
 producers' acknowledgements until etcd confirms the sync set without it
-(``sync_confirmed``); only then may the primary acknowledge without it.
+(``sync_confirmed``); only then may the primary acknowledge without it.  The
+round trip through the election thread is ``election/sync_request.py``'s.
 Otherwise a backup cut off from the primary but not from etcd would stay
 electable while lacking what was acknowledged meanwhile.  Without etcd
 (manual promotion) a departed backup's guards are released at once, as in Qpid.
@@ -36,7 +37,7 @@ electable for when the primary dies.
 
 A backup whose journal cannot write leaves at once and says so: it closes
 its connection with ``hastandby:store-failed`` and the reason
-(``BackupReplication.cannot_store``).  It departs as above, and the primary
+(``BackupRole.cannot_store``).  It departs as above, and the primary
 acknowledges without it as soon as etcd has the sync set without it.  When
 ``min_sync`` keeps it in the sync set instead (too few others), nothing can be
 acknowledged until it is back and caught up, and waiting would hold
@@ -52,7 +53,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import structlog
-from proton import Condition, Connection, Endpoint, Link
+from proton import Condition, Connection, Link
 
 from hastandby.broker.admission.authority import Authority
 from hastandby.broker.transport.driver import Driver, Timer
@@ -65,7 +66,9 @@ from hastandby.broker.queues.queue import Queue
 from hastandby.broker.queues.registry import Node, Registry
 from hastandby.broker.message.values import plain
 from hastandby.lifecycle.states import State
+from hastandby.election.sync_request import SyncRequest
 from hastandby.ha.access_replica import AccessPublisher
+from hastandby.ha.backup import BackupRole
 from hastandby.ha.config_publisher import WiringPublisher
 
 from hastandby.replication.guard import QueueGuard
@@ -75,8 +78,8 @@ from hastandby.replication.codec import (
     ProtocolError,
     encode_control,
     link_properties,
-    receive_controls,
 )
+from hastandby.replication.control import ControlReceiver
 from hastandby.ha.protocol import (
     BrowserReply,
     Hello,
@@ -108,7 +111,7 @@ def backup_info(connection: Connection) -> dict[str, Any] | None:
 class WiringLink:
     """The sender of the wiring stream to one backup: hello, snapshot, events, members."""
 
-    def __init__(self, link: Link, replication: "PrimaryReplication", backup: "RemoteBackup") -> None:
+    def __init__(self, link: Link, replication: "PrimaryRole", backup: "RemoteBackup") -> None:
         self.link = link
         self._impl = link._impl
         self.replication = replication
@@ -157,38 +160,20 @@ class WiringLink:
         self.replication.disconnected(self.backup, self, condition)
 
 
-class StatusReceiver:
-    """A backup's status link: its memory alarm, which holds this primary's producers too (memory.py)."""
+class StatusReceiver(ControlReceiver):
+    """A backup's status link (a control link): its memory alarm, which holds this primary's producers too
+    (memory.py)."""
 
     def __init__(self, link: Link, memory: MemoryAlarm, node_id: str) -> None:
-        self.link = link
+        super().__init__(link, self._status, log.bind(backup=node_id), "backup status refused")
         self.memory = memory
         self.node_id = node_id
-
-    def start(self) -> None:
-        self.link.flow(10)
-
-    def on_delivery(self, impl: Any) -> None:
-        try:
-            receive_controls(impl, self._status)
-        except ProtocolError as error:
-            log.warning("backup status refused", backup=self.node_id, condition=error.condition, error=str(error))
-            self.close()
-            if self.link.state & Endpoint.LOCAL_ACTIVE:
-                self.link.condition = Condition(error.condition, str(error))
-                self.link.close()
 
     def _status(self, body: dict[str, Any]) -> None:
         self.memory.set_remote(self.node_id, decode_status(body))
 
-    def flow(self) -> None:
-        pass
-
-    def fail(self, error: Exception) -> None:
-        self.close()
-        self.link.close()
-
     def close(self) -> None:
+        super().close()
         self.memory.set_remote(self.node_id, None)
 
 
@@ -242,20 +227,28 @@ class RemoteBackup:
         return PeerMember.of(self.node_id, self.url, self.state, connected=self.connected, expected=self.expected)
 
 
-class PrimaryReplication:
-    """Everything a primary does for its backups."""
+class PrimaryRole:
+    """Everything a primary does for its backups: it holds them and their guards, and follows nobody.
+
+    Contract: lives on the reactor thread.  ``HaNode`` makes calls on it (``step_down`` is the table's
+    ``stop_serving_backups``), as do the broker (``attach``), the registry (as an observer) and the backups'
+    links; it calls the node back only through ``on_expected_done`` and ``on_members``, and wants its sync set
+    through ``sync`` (``SyncRequest``), whose confirmation comes back on this thread.  ``backup_role`` is the
+    role it came from, which it goes back to when it steps down.
+    """
 
     def __init__(
         self,
         registry: Registry,
         driver: Driver,
+        backup_role: BackupRole,
         me: dict[str, Any],
         term: int,
         expected: dict[str, str],
         backup_timeout: float,
         on_expected_done: Callable[[bool], None],
         on_members: Callable[[], None] = lambda: None,
-        keeps_sync_set: bool = False,
+        sync: SyncRequest | None = None,
         memory: MemoryAlarm | None = None,
         min_sync: int = 1,
         authority: Authority | None = None,
@@ -268,8 +261,10 @@ class PrimaryReplication:
         self.backup_timeout = backup_timeout
         self.on_expected_done = on_expected_done
         self.on_members = on_members
-        self.keeps_sync_set = keeps_sync_set
-        self.min_sync = min_sync if keeps_sync_set else 1
+        self.backup_role = backup_role  # the role it came from, and goes back to when it steps down
+        self.sync = sync  # with etcd: the sync set it wants there (sync_request.py); None: it keeps none
+        self.keeps_sync_set = sync is not None
+        self.min_sync = min_sync if self.keeps_sync_set else 1
         # While the confirmed sync set is smaller than min_sync: queue name -> the guard holding new messages.
         self._quorum_guards: dict[str, QueueGuard] | None = None
         self.memory = memory or MemoryAlarm(high=2**62)
@@ -283,10 +278,10 @@ class PrimaryReplication:
         for queue in self._replicated_queues():
             self._claim(queue)
         for node_id, url in expected.items():
-            backup = RemoteBackup(node_id, url, expected=True)
+            remote = RemoteBackup(node_id, url, expected=True)
             for queue in self._replicated_queues():
-                backup.guard(queue)
-            self.backups[node_id] = backup
+                remote.guard(queue)
+            self.backups[node_id] = remote
         self._update_sync_wanted()
         if len(self.sync_wanted) < self.min_sync:
             self._hold_for_quorum()
@@ -302,8 +297,30 @@ class PrimaryReplication:
     def _replicated_queues(self) -> list[Queue]:
         return [q for q in self.registry.queues.values() if q.settings.replicate == "all"]
 
+    # -- the role (Role in roles.py) ------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        """QUERY's replication figures: the backups' lag, held acknowledgements, and those that cannot store."""
+        return {"lag": self.lag(), "lag_seconds": self.lag_seconds(), "acks_held": self.acks_held(),
+                "not_storing": dict(self.not_storing)}
+
+    @property
+    def primary_url(self) -> str | None:
+        return None  # it is the primary: it follows none
+
+    def promote(self, serve: Callable[[BackupRole], PrimaryRole]) -> PrimaryRole:
+        return self  # promoting a primary is ignored, as in Qpid
+
+    def step_down(self) -> BackupRole:
+        """``stop_serving_backups``: stop serving, and be the backup this node was again."""
+        self.stop()
+        return self.backup_role
+
     def stop(self) -> None:
-        """Stepping down: stop guarding and serving backups."""
+        """Stepping down: stop guarding and serving backups, and want no sync set any more."""
+        sync, self.sync = self.sync, None
+        if sync is not None:
+            sync.withdraw()
         if self._timeout_timer is not None:
             self._timeout_timer.cancel()
         if self in self.registry.observers:
@@ -353,6 +370,8 @@ class PrimaryReplication:
             wanted |= frozenset(self.leaving)
         if wanted != self.sync_wanted:
             self.sync_wanted = wanted
+            if self.sync is not None:
+                self.sync.want(self.term, wanted, self.sync_confirmed)  # sync_request.py, step 1
 
     def _hold_for_quorum(self) -> None:
         """Hold every new replicated message until a sync set of ``min_sync`` nodes is confirmed."""

@@ -53,7 +53,7 @@ class QueueReplicator:
 
     def __init__(self, queue: Queue, refuse: Callable[[ProtocolError], None] | None = None) -> None:
         self.queue = queue
-        self.refuse = refuse  # the primary broke the protocol (BackupReplication.refuse)
+        self.refuse = refuse  # the primary broke the protocol (BackupRole.refuse)
         self.offered: lineage.Lineage = queue.lineage  # what this link's attach said the replica holds
         self.link: Link | None = None
         self._impl: Any = None

@@ -10,11 +10,10 @@ import pytest
 from proton import Data, symbol
 
 from hastandby.broker.queues import lineage
-from hastandby.broker.transport.driver import Driver
 from hastandby.broker.queues.idset import IdSet
 from hastandby.broker.queues.lineage import Epoch
 from hastandby.broker.queues.registry import Registry
-from hastandby.ha.primary import PrimaryReplication, RemoteBackup
+from hastandby.ha.primary import PrimaryRole, RemoteBackup
 from hastandby.ha.protocol import (
     MEMBER_STATES,
     BackupIdentity,
@@ -31,6 +30,7 @@ from hastandby.ha.protocol import (
 )
 from hastandby.lifecycle.states import State
 from hastandby.replication.codec import IDS_PROPERTY, decode_control, encode_control
+from tests.unit.ha_roles import primary_role
 
 # The keys as ha/protocol.py spelled them before the types built the maps.
 REPLICATE_PROPERTY = symbol("qpid.ha-replicate")
@@ -45,11 +45,10 @@ def _properties_bytes(properties: dict[Any, Any]) -> bytes:
     return bytes(data.encode())
 
 
-def _primary(replicate_default: str = "all") -> PrimaryReplication:
+def _primary(replicate_default: str = "all") -> PrimaryRole:
     registry = Registry(replicate_default, True)
     registry.declare_queue("q")
-    return PrimaryReplication(registry, Driver(None), me={"node_id": "p", "url": "h:1"}, term=7,
-                              expected={"b": "h:2"}, backup_timeout=10.0, on_expected_done=lambda timed_out: None)
+    return primary_role(registry)
 
 
 @pytest.mark.parametrize("ready", [False, True])

@@ -14,10 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hastandby.broker.queues.arrivals import Arrivals
 from hastandby.broker.queues.completion import Completion
-from hastandby.broker.transport.driver import Driver
-from hastandby.broker.queues.registry import Registry
-from hastandby.ha.primary import PrimaryReplication
+from hastandby.ha.primary import PrimaryRole
 from hastandby.metrics import NodeCollector, Snapshot, SnapshotSource, families
+from tests.unit.ha_roles import primary_role
 
 # Shaped like a primary's Node.status() and Management.query() (HA and DR sections included).
 STATUS: dict[str, Any] = {
@@ -236,15 +235,11 @@ def test_a_failing_snapshot_is_counted_not_raised():
 # -- what the primary reports (ha/primary.py) ----------------------------------------------
 
 
-def _primary(keeps_sync_set: bool = False, min_sync: int = 1) -> PrimaryReplication:
-    registry = Registry("all", True)
-    registry.declare_queue("q")
-    return PrimaryReplication(registry, Driver(None), me={"node_id": "p", "url": "h:1"}, term=1,
-                              expected={"b": "h:2"}, backup_timeout=10.0, on_expected_done=lambda timed_out: None,
-                              keeps_sync_set=keeps_sync_set, min_sync=min_sync)
+def _primary(keeps_sync_set: bool = False, min_sync: int = 1) -> PrimaryRole:
+    return primary_role(term=1, keeps_sync_set=keeps_sync_set, min_sync=min_sync)
 
 
-def _produce(primary: PrimaryReplication, count: int) -> None:
+def _produce(primary: PrimaryRole, count: int) -> None:
     for _ in range(count):
         completion = Completion(lambda token: None)
         primary.registry.queues["q"].enqueue(b"m", completion)

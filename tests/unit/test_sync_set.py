@@ -7,22 +7,16 @@ run (only its timer heap is touched), and no link or socket is opened.
 from __future__ import annotations
 
 from hastandby.broker.queues.completion import Completion
-from hastandby.broker.transport.driver import Driver
 from hastandby.broker.queues.lineage import Epoch
-from hastandby.broker.queues.registry import Registry
-from hastandby.ha.primary import PrimaryReplication, RemoteBackup
+from hastandby.ha.primary import PrimaryRole, RemoteBackup
+from tests.unit.ha_roles import primary_role
 
 
-def replication(keeps_sync_set: bool, expected: dict[str, str] | None = None, min_sync: int = 1) -> PrimaryReplication:
-    registry = Registry("all", True)
-    registry.declare_queue("q")
-    return PrimaryReplication(registry, Driver(None), me={"node_id": "p", "url": "h:1"}, term=7,
-                              expected=expected if expected is not None else {"b": "h:2"},
-                              backup_timeout=10.0, on_expected_done=lambda timed_out: None,
-                              keeps_sync_set=keeps_sync_set, min_sync=min_sync)
+def replication(keeps_sync_set: bool, expected: dict[str, str] | None = None, min_sync: int = 1) -> PrimaryRole:
+    return primary_role(expected=expected, keeps_sync_set=keeps_sync_set, min_sync=min_sync)
 
 
-def produce(primary: PrimaryReplication) -> list[str]:
+def produce(primary: PrimaryRole) -> list[str]:
     """One producer's message on ``q``; the list gets "accepted" when its acknowledgement leaves."""
     accepted: list[str] = []
     completion = Completion(accepted.append, "accepted")

@@ -9,11 +9,8 @@ from typing import Any
 
 import pytest
 
-from hastandby.broker.transport.driver import Driver
-from hastandby.broker.admission.memory import MemoryAlarm
-from hastandby.broker.queues.registry import Registry
-from hastandby.ha.backup import BackupReplication
-from hastandby.ha.primary import PrimaryReplication
+from hastandby.ha.backup import BackupRole
+from hastandby.ha.primary import PrimaryRole
 from hastandby.replication.codec import ProtocolError, decode_control, encode_control
 from hastandby.ha.protocol import (
     Hello,
@@ -24,22 +21,20 @@ from hastandby.ha.protocol import (
     decode_members_update,
 )
 from hastandby.ha.cluster_management import ClusterManagement
-from hastandby.ha.node import HaNode
-from hastandby.ha.roles import BackupRole, PrimaryRole
+from hastandby.ha.roles import expected_backups
 from hastandby.lifecycle.states import State
+from tests.unit import ha_roles
 
 
-def replication(expected: dict[str, str] | None = None) -> PrimaryReplication:
-    registry = Registry("all", True)
-    registry.declare_queue("q")
-    return PrimaryReplication(registry, Driver(None), me={"node_id": "p", "url": "h:1"}, term=7,
-                              expected=expected if expected is not None else {"b": "h:2"},
-                              backup_timeout=10.0, on_expected_done=lambda timed_out: None)
+def replication(expected: dict[str, str] | None = None, backup: BackupRole | None = None) -> PrimaryRole:
+    return ha_roles.primary_role(expected=expected, backup=backup)
 
 
 def backup_role(members: list[PeerMember]) -> BackupRole:
-    """A backup's role whose replication was last told ``members`` (nothing else of it is used)."""
-    return BackupRole(SimpleNamespace(members=members), lambda link: None, lambda connection: False)  # type: ignore[arg-type]
+    """A backup's role that was last told ``members`` by its primary."""
+    backup = ha_roles.backup_role()
+    backup.told_members = list(members)
+    return backup
 
 
 def over_the_wire(body: dict[str, Any]) -> dict[str, Any]:
@@ -198,7 +193,7 @@ def test_query_shows_the_wire_maps_with_reachable_urls() -> None:
 
 def test_a_primary_query_shows_its_members() -> None:
     management = object.__new__(ClusterManagement)
-    management.ha = SimpleNamespace(role=PrimaryRole(replication(), backup_role([])),
+    management.ha = SimpleNamespace(role=replication(backup=backup_role([])),
                                     status=SimpleNamespace(state="primary", term=7))
     management.node = SimpleNamespace(config=SimpleNamespace(peer_tls=False))
     assert management.describe()["members"] == [
@@ -207,29 +202,27 @@ def test_a_primary_query_shows_its_members() -> None:
 
 
 def test_a_promoted_backup_expects_the_other_ready_backups() -> None:
-    node = SimpleNamespace(election=None, node=SimpleNamespace(node_id="me"), role=backup_role([
+    backup = backup_role([
         PeerMember("p", "h:1", "primary"),
         PeerMember("me", "h:2", "ready"),
         PeerMember("b", "h:3", "ready", connected=True, expected=False),
         PeerMember("c", "h:4", "catchup", connected=True, expected=False),
         PeerMember("", "h:5", "ready"),  # no node id: nothing to expect
-    ]))
-    assert HaNode._expected_backups(node) == {"b": "h:3"}  # type: ignore[arg-type]
+    ])
+    assert expected_backups(backup, "me", None, None) == {"b": "h:3"}  # without etcd
+    assert expected_backups(backup, "me", frozenset({"c"}), None) == {"c": ""}  # with: the sync set won with
 
 
-def backup_side(refuse: bool) -> tuple[BackupReplication, list[Any]]:
+def backup_side(refuse: bool) -> tuple[BackupRole, list[Any]]:
     """A backup's replication, never started: what it tells the node loop of the wiring stream is recorded."""
     told: list[Any] = []
 
-    def connected(term: int, hello: Hello) -> None:
+    def connected(term: int, hello: Hello) -> bool:
         told.append(("connected", term, hello))
-        if refuse:  # as HaNode._connected does for an older term
-            backup.primary = None
+        return not refuse  # as HaNode's membership answers for an older term
 
-    backup = BackupReplication(Registry("all", True), Driver(None), lambda: [], lambda: {"node_id": "me"},
-                               lambda: 0, container_id="test", heartbeat=2.0, on_connected=connected,
-                               on_members=lambda term, members: told.append(("members", term, members)),
-                               on_lost=lambda reason: None, memory=MemoryAlarm(high=2**62))
+    backup = ha_roles.backup_role(on_connected=connected,
+                                  on_members=lambda term, members: told.append(("members", term, members)))
     return backup, told
 
 
