@@ -209,6 +209,13 @@ def setting_option(setting: settings.Setting[Any], *decls: str, default: bool = 
                         help=help if help is not None else setting.help)
 
 
+def _node_id(value: str | None) -> str | None:
+    """``--node-id``: a part of the cluster's etcd keys (``election/cluster.py``), so non-empty and without '/'."""
+    if value is not None and (value == "" or "/" in value):
+        raise click.BadParameter(f"{value!r} is not a non-empty name without '/' (it is part of etcd's keys).")
+    return value
+
+
 def _checked(check: Callable[[], None], *options: str) -> None:
     """A check across options (``settings.check_local_ports``): its ``SettingError`` as a usage error."""
     try:
@@ -242,7 +249,8 @@ def _checked(check: Callable[[], None], *options: str) -> None:
 @setting_option(settings.CLIENT_REFUSAL)
 @_etcd_options
 @setting_option(settings.CLUSTER, "--cluster", "cluster_name")
-@click.option("--node-id", help="this node's id (default: kept in --data-dir, or random)")
+@click.option("--node-id", callback=lambda ctx, param, value: _node_id(value),
+              help="this node's id (default: kept in --data-dir, or random)")
 @setting_option(settings.LEASE_TTL)
 @setting_option(settings.MIN_SYNC)
 @click.option("--users-file", type=click.Path(dir_okay=False, path_type=Path),

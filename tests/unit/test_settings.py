@@ -111,6 +111,16 @@ def test_lease_ttl_1_names_the_option_and_the_range(monkeypatch: pytest.MonkeyPa
         assert "Traceback" not in result.output
 
 
+def test_a_node_id_that_cannot_be_an_etcd_key_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--node-id a/b`` used to reach election/cluster.py's key check as an uncaught ValueError."""
+    for value in ("a/b", ""):
+        result, calls = _run(monkeypatch, ("serve",), "--node-id", value)
+        assert (result.exit_code, calls) == (2, [])
+        assert "Invalid value for '--node-id'" in result.output and "Traceback" not in result.output
+    result, calls = _run(monkeypatch, ("serve",), "--node-id", "n1")
+    assert result.exit_code == 0 and calls[0]["node_id"] == "n1"
+
+
 INSIDE = [(words, name, value) for words, (_, table) in COMMANDS.items() for name, setting in table.items()
           for value in _inside(setting)]
 
