@@ -45,9 +45,8 @@ from hastandby.lifecycle.promotion import (
     operator_term,
     plan_promotion,
 )
-from hastandby.ha.roles import Role
-from hastandby.lifecycle.standing import Standing
-from hastandby.lifecycle.states import Event, NodeStatus
+from hastandby.ha.admission import ClusterRole
+from hastandby.lifecycle.states import Event
 
 log = structlog.get_logger("hastandby.ha")
 
@@ -78,20 +77,9 @@ class OperatorElection(Protocol):
         ...
 
 
-class ManagedNode(Protocol):
-    """What the management hooks need of the cluster node (``HaNode``)."""
-
-    url: str
-    standing: Standing
-
-    @property
-    def status(self) -> NodeStatus: ...
-
-    @property
-    def role(self) -> Role:
-        """The role object (``roles.py``): the primary it follows, what QUERY shows of the members and the
-        replication."""
-        ...
+class ManagedNode(ClusterRole, Protocol):
+    """What the management hooks need of the cluster node (``HaNode``): what admission needs (its url,
+    standing, status and role: QUERY shows the role's members and replication), and the operator's levers."""
 
     @property
     def election(self) -> OperatorElection | None:
